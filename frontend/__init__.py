@@ -1,0 +1,1 @@
+"""The frontend app: the browser chat UI and its WebSocket consumer."""

@@ -1,0 +1,8 @@
+"""HTTP views of the browser UI."""
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+
+def index(request: HttpRequest) -> HttpResponse:
+    return render(request, "frontend/index.html")

@@ -1,0 +1,1 @@
+"""The inference app: the in-process language model engine and its Django configuration."""

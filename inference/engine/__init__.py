@@ -1,0 +1,1 @@
+"""The inference engine core: no Django imports anywhere below this package."""

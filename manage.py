@@ -1,0 +1,22 @@
+#!/usr/bin/env python
+"""Django's command-line utility for administrative tasks."""
+
+import os
+import sys
+
+
+def main() -> None:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    from django.core.exceptions import ImproperlyConfigured
+    from django.core.management import execute_from_command_line
+
+    try:
+        execute_from_command_line(sys.argv)
+    except ImproperlyConfigured as error:
+        # A bad environment variable: one clear line instead of a traceback.
+        sys.stderr.write(f"cachet: configuration error: {error}\n")
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The retrieval app: documents, chunks, the vector index and search."""

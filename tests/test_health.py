@@ -1,0 +1,65 @@
+"""GET /healthz on the embedded defaults and, in the integration pass, on PostgreSQL + Redis."""
+
+from __future__ import annotations
+
+import pytest
+from django.conf import settings
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.slow
+def test_health_is_ok_when_every_component_works(client, chat_model_dir) -> None:
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    report = response.json()
+    assert report["status"] == "ok"
+    assert set(report["components"]) == {
+        "database",
+        "channel_layer",
+        "broker",
+        "chat_model",
+        "embedding_model",
+    }
+    for name, component in report["components"].items():
+        assert component["state"] in {"ok", "not_configured"}, (name, component)
+
+
+def test_an_unprepared_chat_model_makes_health_fail_with_a_reason(client, settings, tmp_path):
+    settings.MODELS_DIR = tmp_path
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    report = response.json()
+    assert report["status"] == "error"
+    assert report["components"]["chat_model"]["state"] == "error"
+    assert "prepare_models" in report["components"]["chat_model"]["detail"]
+
+
+def test_an_unreachable_channel_layer_makes_health_fail(client, settings) -> None:
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            # NOTE: port 1 on loopback: nothing listens there, so the connection is refused.
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
+        }
+    }
+    report = client.get("/healthz").json()
+    assert report["status"] == "error"
+    assert report["components"]["channel_layer"]["state"] == "error"
+
+
+def test_health_only_answers_get(client) -> None:
+    assert client.post("/healthz").status_code == 405
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_health_is_ok_on_postgresql_redis_layer_and_redis_broker(client, chat_model_dir) -> None:
+    if not settings.REDIS_URL or settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+        pytest.skip("runs in the integration pass (DATABASE_URL=postgres://..., REDIS_URL=...)")
+    report = client.get("/healthz").json()
+    components = report["components"]
+    assert report["status"] == "ok", components
+    assert components["database"]["detail"] == "postgresql reachable"
+    assert components["channel_layer"]["detail"] == "RedisChannelLayer round trip ok"
+    assert components["broker"]["state"] == "ok"
