@@ -8,3 +8,9 @@ os.environ.setdefault("CACHET_SECRET_KEY", "cachet-test-suite-only-secret-key-no
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from chatsite.settings import *  # noqa: F403
+
+# NOTE: tests run without `collectstatic`; production (`make run`) serves the hashed manifest.
+STORAGES = {
+    **STORAGES,  # noqa: F405
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
