@@ -15,6 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
 from inference.model_files import resolve_chat_model, resolve_embedding_model
+from inference.runtime import engine_status, get_engine
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +64,18 @@ def check_chat_model() -> str:
     return f"{resolved.source} ready at {resolved.directory}"
 
 
+def check_engine() -> str:
+    status = engine_status()
+    if status["status"] != "ready":
+        detail = status["error"] or "the engine is not running in this process"
+        raise RuntimeError(f"{status['status']}: {detail}")
+    snapshot = get_engine().metrics.snapshot()
+    return (
+        f"{status['config']!r} ready; {snapshot['num_running']} running, "
+        f"{snapshot['num_waiting']} waiting, KV {snapshot['kv_usage']:.0%} used"
+    )
+
+
 def check_embedding_model() -> str:
     resolved = resolve_embedding_model(settings.CACHET_EMBEDDING_MODEL, may_prepare=False)
     return f"{resolved.source} ready at {resolved.directory}"
@@ -73,6 +86,7 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "channel_layer": check_channel_layer,
     "broker": check_broker,
     "chat_model": check_chat_model,
+    "engine": check_engine,
     "embedding_model": check_embedding_model,
 }
 

@@ -28,6 +28,9 @@ try:
     REDIS_URL = env.read_redis_url(os.environ, "REDIS_URL")
     CACHET_MODEL = env.read_model_source(os.environ, "CACHET_MODEL")
     CACHET_EMBEDDING_MODEL = env.read_model_source(os.environ, "CACHET_EMBEDDING_MODEL")
+    CACHET_KV_CACHE_MB = env.read_int(os.environ, "CACHET_KV_CACHE_MB", default=512, minimum=1)
+    CACHET_METRICS_TOKEN = env.read_str(os.environ, "CACHET_METRICS_TOKEN")
+    CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)
     CSRF_TRUSTED_ORIGINS = env.read_list(os.environ, "CACHET_CSRF_TRUSTED_ORIGINS", default=[])
 except env.ConfigError as error:
     raise ImproperlyConfigured(f"Bad setting {error}") from None

@@ -2,9 +2,11 @@ from django.contrib import admin
 from django.urls import include, path
 
 from chatsite.health import healthz
+from inference.views import metrics
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("", include("frontend.urls")),
 ]

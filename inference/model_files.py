@@ -32,6 +32,10 @@ class ModelSourceError(Exception):
     """A model source cannot be found or used; the message says what to do."""
 
 
+class ModelNotPrepared(ModelSourceError):
+    """The source is valid but still needs converting: `prepare_models` (or activation) does it."""
+
+
 class MissingModelPackage(ModelSourceError):
     def __init__(self, package: str) -> None:
         super().__init__(
@@ -163,7 +167,7 @@ def _resolve_gguf(
     if marker.is_file() and json.loads(marker.read_text()) == fingerprint:
         return ResolvedModel(source_name, target, "cached")
     if not may_prepare:
-        raise ModelSourceError(
+        raise ModelNotPrepared(
             f"{gguf_path.name} has not been converted yet; run: python manage.py prepare_models"
         )
     convert_gguf(gguf_path, target)

@@ -5,22 +5,28 @@ from __future__ import annotations
 import pytest
 from django.conf import settings
 
+from inference import runtime
+
 pytestmark = pytest.mark.django_db
+
+COMPONENTS = {"database", "channel_layer", "broker", "chat_model", "engine", "embedding_model"}
+
+
+@pytest.fixture
+def running_engine(chat_model_dir):
+    runtime.start_engine(wait=True)
+    yield runtime.get_engine()
+    runtime.stop_engine()
 
 
 @pytest.mark.slow
-def test_health_is_ok_when_every_component_works(client, chat_model_dir) -> None:
+def test_health_is_ok_when_every_component_works(client, running_engine) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
     report = response.json()
     assert report["status"] == "ok"
-    assert set(report["components"]) == {
-        "database",
-        "channel_layer",
-        "broker",
-        "chat_model",
-        "embedding_model",
-    }
+    assert set(report["components"]) == COMPONENTS
+    assert report["components"]["engine"]["detail"].startswith("'default' ready; 0 running")
     for name, component in report["components"].items():
         assert component["state"] in {"ok", "not_configured"}, (name, component)
 
@@ -33,6 +39,17 @@ def test_an_unprepared_chat_model_makes_health_fail_with_a_reason(client, settin
     assert report["status"] == "error"
     assert report["components"]["chat_model"]["state"] == "error"
     assert "prepare_models" in report["components"]["chat_model"]["detail"]
+
+
+def test_health_fails_while_the_engine_is_not_running(client) -> None:
+    runtime.stop_engine()
+    report = client.get("/healthz").json()
+    assert report["status"] == "error"
+    assert report["components"]["engine"] == {
+        "state": "error",
+        "detail": "RuntimeError: not_started: the engine is not running in this process",
+        "seconds": report["components"]["engine"]["seconds"],
+    }
 
 
 def test_an_unreachable_channel_layer_makes_health_fail(client, settings) -> None:
@@ -54,7 +71,7 @@ def test_health_only_answers_get(client) -> None:
 
 @pytest.mark.integration
 @pytest.mark.slow
-def test_health_is_ok_on_postgresql_redis_layer_and_redis_broker(client, chat_model_dir) -> None:
+def test_health_is_ok_on_postgresql_redis_layer_and_redis_broker(client, running_engine) -> None:
     if not settings.REDIS_URL or settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         pytest.skip("runs in the integration pass (DATABASE_URL=postgres://..., REDIS_URL=...)")
     report = client.get("/healthz").json()

@@ -1,0 +1,81 @@
+"""Admin for model configurations: edit, validate, and activate (which reloads the engine)."""
+
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from inference import runtime
+from inference.models import ModelConfig
+
+
+@admin.register(ModelConfig)
+class ModelConfigAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "is_active",
+        "source_display",
+        "dtype",
+        "max_model_len",
+        "kv_cache_mb",
+        "max_num_seqs",
+        "updated_at",
+    )
+    list_filter = ("is_active", "dtype")
+    search_fields = ("name", "source")
+    readonly_fields = ("is_active", "created_at", "updated_at")
+    actions = ("activate_selected",)
+    fieldsets = (
+        (None, {"fields": ("name", "source", "is_active")}),
+        (
+            "Engine",
+            {
+                "fields": (
+                    "dtype",
+                    "max_model_len",
+                    "kv_cache_mb",
+                    "block_size",
+                    "max_num_seqs",
+                    "max_num_batched_tokens",
+                    "enable_prefix_caching",
+                )
+            },
+        ),
+        ("Default sampling", {"fields": ("temperature", "top_p", "top_k", "max_tokens")}),
+        ("History", {"fields": ("created_at", "updated_at")}),
+    )
+
+    @admin.display(description="source")
+    def source_display(self, config: ModelConfig) -> str:
+        return config.source or "(default: CACHET_MODEL / bundled)"
+
+    def save_model(self, request: HttpRequest, obj: ModelConfig, form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if obj.is_active:
+            # NOTE: editing the active configuration changes what the engine should run.
+            self._reload(request, obj)
+
+    @admin.action(description="Activate the selected configuration (reloads the engine)")
+    def activate_selected(self, request: HttpRequest, queryset: QuerySet[ModelConfig]) -> None:
+        if queryset.count() != 1:
+            self.message_user(request, "Select exactly one configuration.", messages.ERROR)
+            return
+        config = queryset.get()
+        try:
+            config.full_clean()
+        except ValidationError as error:
+            self.message_user(request, f"Not activated: {error.messages}", messages.ERROR)
+            return
+        config.activate()
+        self._reload(request, config)
+
+    def _reload(self, request: HttpRequest, config: ModelConfig) -> None:
+        runtime.reload_engine(config)
+        self.message_user(
+            request,
+            f"Loading {config.name!r}; requests in flight finish on the previous engine. "
+            "See /healthz for progress.",
+            messages.SUCCESS,
+        )

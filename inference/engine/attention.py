@@ -1,0 +1,231 @@
+"""Paged attention in plain PyTorch (CPU, and CUDA without special kernels).
+
+Each layer's KV cache is a pair of tensors [num_blocks, num_kv_heads, block_size, head_dim]; token
+`i` of a sequence lives at offset `i % block_size` of block `block_table[i // block_size]`.
+
+NOTE: head-major blocks (not [num_blocks, block_size, num_kv_heads, head_dim]) because attention
+reads the cache per KV head: gathering a sequence's blocks then yields [kv_heads, tokens, dim]
+runs that SDPA takes without another copy. Measured on the 2-core dev box (32 decodes at ~1,250
+context, per layer): gather + SDPA 10.8 ms head-major vs 17.2 ms token-major in bf16, 14.8 vs
+18.8 ms in fp32.
+
+One step's tokens arrive as a flat batch with the single-token sequences (decodes) first:
+- all decodes run as ONE gather of their blocks plus ONE scaled-dot-product-attention call, padded
+  to the longest context with a key mask (a Python loop over sequences would cost per-sequence
+  overhead in every layer);
+- each multi-token sequence (a prefill chunk) runs its own SDPA call, causal inside the chunk and
+  offset by the tokens already cached.
+`build_attention_metadata` turns the batch layout into index tensors once per step; every layer
+reuses them (and the gather buffers the first layer allocates).
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    """One multi-token sequence of the batch."""
+
+    query_start: int  # index of its first token in the flat batch
+    num_query_tokens: int
+    num_context_tokens: int  # cached tokens + query tokens
+    # Rows of the cache viewed as [num_blocks * num_kv_heads, block_size, head_dim] holding the
+    # context, ordered (head, block); None when nothing was cached before this chunk, in which
+    # case attention runs over the chunk's own keys/values without reading the cache.
+    gather_index: torch.Tensor | None
+    mask: torch.Tensor | None  # [num_query_tokens, num_context_tokens] bool, True = attend
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    positions: torch.Tensor  # [num_tokens] int64, position of each token in its sequence
+    slot_mapping: torch.Tensor  # [num_tokens] int64, block_id * block_size + offset
+    # [num_tokens * num_kv_heads] rows of the cache viewed as [-1, head_dim] that receive the new
+    # keys/values, token-major (matching k.reshape(-1, head_dim)).
+    write_index: torch.Tensor
+    num_decode_tokens: int  # the first num_decode_tokens tokens are single-token sequences
+    decode_gather_index: torch.Tensor | None  # [num_decodes * kv_heads * max_blocks], (seq, head, block)
+    max_decode_context_len: int
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_decode_context_len]; None if unpadded
+    prefills: list[PrefillSpan]
+    # Gather buffers shared by all layers of the step (allocated by the first layer).
+    decode_keys: torch.Tensor | None = None
+    decode_values: torch.Tensor | None = None
+
+
+def build_attention_metadata(
+    query_lens: list[int],
+    num_computed_tokens: list[int],
+    block_tables: list[list[int]],
+    *,
+    block_size: int,
+    num_kv_heads: int,
+    device: torch.device | str = "cpu",
+) -> AttentionMetadata:
+    """Index tensors for one step. Sequences with one query token must come first.
+
+    Block tables may be longer than needed; only the blocks covering each context are used.
+    """
+    num_seqs = len(query_lens)
+    num_decodes = 0
+    while num_decodes < num_seqs and query_lens[num_decodes] == 1:
+        num_decodes += 1
+    if any(n == 1 for n in query_lens[num_decodes:]):
+        raise ValueError("single-token sequences must come before multi-token ones")
+    context_lens = [c + q for c, q in zip(num_computed_tokens, query_lens, strict=True)]
+    num_blocks = [(n + block_size - 1) // block_size for n in context_lens]
+    max_blocks = max(num_blocks)
+
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    computed = torch.tensor(num_computed_tokens, dtype=torch.int64)
+    blocks_t = torch.tensor(num_blocks, dtype=torch.int64)
+    # NOTE: one flat list -> tensor -> masked scatter is much cheaper than a nested list of
+    # padded rows; padding entries point at block 0 and are masked out (or sliced away).
+    flat_blocks = torch.tensor(
+        list(itertools.chain.from_iterable(t[:n] for t, n in zip(block_tables, num_blocks))),
+        dtype=torch.int64,
+    )
+    table = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)
+    table[torch.arange(max_blocks) < blocks_t[:, None]] = flat_blocks
+
+    num_tokens = sum(query_lens)
+    seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), q_lens, output_size=num_tokens)
+    first_token = torch.cumsum(q_lens, 0) - q_lens
+    positions = torch.arange(num_tokens) - first_token[seq_of_token] + computed[seq_of_token]
+    block_of_token = table[seq_of_token, positions // block_size]
+    offset_in_block = positions % block_size
+    slot_mapping = block_of_token * block_size + offset_in_block
+    heads = torch.arange(num_kv_heads)
+    write_index = (
+        (block_of_token[:, None] * num_kv_heads + heads) * block_size + offset_in_block[:, None]
+    ).flatten()
+
+    decode_gather_index = decode_mask = None
+    max_decode_context_len = 0
+    if num_decodes:
+        decode_context_lens = context_lens[:num_decodes]
+        max_decode_context_len = max(decode_context_lens)
+        decode_table = table[:num_decodes, : max(num_blocks[:num_decodes])]
+        decode_gather_index = (decode_table[:, None, :] * num_kv_heads + heads[:, None]).flatten()
+        decode_gather_index = decode_gather_index.to(device)
+        if min(decode_context_lens) != max_decode_context_len:
+            lens = computed[:num_decodes] + 1
+            decode_mask = torch.arange(max_decode_context_len) < lens[:, None]
+            decode_mask = decode_mask.view(num_decodes, 1, 1, -1).to(device)
+
+    prefills = []
+    starts = first_token.tolist()
+    for i in range(num_decodes, num_seqs):
+        computed_i, query_i = num_computed_tokens[i], query_lens[i]
+        gather_index = mask = None
+        if computed_i:
+            gather_index = (table[i, : num_blocks[i]] * num_kv_heads + heads[:, None]).flatten()
+            gather_index = gather_index.to(device)
+            # NOTE: query token j sits at position computed_i + j and sees keys up to it.
+            query_positions = torch.arange(computed_i, computed_i + query_i)
+            mask = torch.arange(computed_i + query_i) <= query_positions[:, None]
+            mask = mask.to(device)
+        prefills.append(PrefillSpan(starts[i], query_i, computed_i + query_i, gather_index, mask))
+
+    return AttentionMetadata(
+        positions=positions.to(device),
+        slot_mapping=slot_mapping.to(device),
+        write_index=write_index.to(device),
+        num_decode_tokens=num_decodes,
+        decode_gather_index=decode_gather_index,
+        max_decode_context_len=max_decode_context_len,
+        decode_mask=decode_mask,
+        prefills=prefills,
+    )
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    *,
+    scale: float,
+) -> torch.Tensor:
+    """Store k/v [num_tokens, num_kv_heads, head_dim] in the cache, then attend.
+
+    q is [num_tokens, num_heads, head_dim]; returns [num_tokens, num_heads, head_dim]. Query head
+    h uses KV head h // (num_heads // num_kv_heads), as in transformers' repeat_kv.
+    """
+    num_tokens, num_heads, head_dim = q.shape
+    k_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, k.reshape(-1, head_dim))
+    v_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, v.reshape(-1, head_dim))
+
+    out = q.new_empty(num_tokens, num_heads, head_dim)
+    num_decodes = metadata.num_decode_tokens
+    if num_decodes:
+        out[:num_decodes] = _decode_attention(q[:num_decodes], k_cache, v_cache, metadata, scale)
+    for span in metadata.prefills:
+        start, end = span.query_start, span.query_start + span.num_query_tokens
+        if span.gather_index is None:
+            keys = k[start:end].transpose(0, 1)
+            values = v[start:end].transpose(0, 1)
+        else:
+            keys = _gather(k_cache, span.gather_index)[:, : span.num_context_tokens]
+            values = _gather(v_cache, span.gather_index)[:, : span.num_context_tokens]
+        # [heads, tokens, dim] with a batch axis of 1
+        o = F.scaled_dot_product_attention(
+            q[start:end].transpose(0, 1).unsqueeze(0),
+            keys.unsqueeze(0),
+            values.unsqueeze(0),
+            attn_mask=span.mask,
+            is_causal=span.mask is None,
+            scale=scale,
+            enable_gqa=True,
+        )
+        out[start:end] = o[0].transpose(0, 1)
+    return out
+
+
+def _gather(cache: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
+    """One sequence's blocks as [kv_heads, num_blocks * block_size, head_dim]."""
+    num_kv_heads, block_size, head_dim = cache.shape[1:]
+    rows = cache.view(-1, block_size, head_dim).index_select(0, gather_index)
+    return rows.view(num_kv_heads, -1, head_dim)
+
+
+def _decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    num_decodes, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[1:3]
+    index = metadata.decode_gather_index
+    if metadata.decode_keys is None:
+        # NOTE: one buffer pair per step, reused by every layer: no per-layer allocation (and
+        # page faults) for what is the largest tensor of a decode step.
+        metadata.decode_keys = k_cache.new_empty(len(index), block_size, head_dim)
+        metadata.decode_values = v_cache.new_empty(len(index), block_size, head_dim)
+    flat_shape = (-1, block_size, head_dim)
+    torch.index_select(k_cache.view(flat_shape), 0, index, out=metadata.decode_keys)
+    torch.index_select(v_cache.view(flat_shape), 0, index, out=metadata.decode_values)
+    context_len = metadata.max_decode_context_len
+    keys = metadata.decode_keys.view(num_decodes, num_kv_heads, -1, head_dim)[:, :, :context_len]
+    values = metadata.decode_values.view(num_decodes, num_kv_heads, -1, head_dim)
+    # NOTE: the query heads sharing one KV head become the "query length" axis of that KV head,
+    # so grouped-query attention needs no repeated keys/values: [seqs, kv_heads, group, dim].
+    # (4x faster here than SDPA's enable_gqa with one query token.)
+    o = F.scaled_dot_product_attention(
+        q.reshape(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim),
+        keys,
+        values[:, :, :context_len],
+        attn_mask=metadata.decode_mask,
+        scale=scale,
+    )
+    return o.reshape(num_decodes, num_heads, head_dim)

@@ -1,0 +1,88 @@
+"""EngineConfig: what one engine instance loads and how much work it takes on per step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPE_NAMES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+class ConfigError(ValueError):
+    """An engine setting is invalid; the message names the setting and the accepted values."""
+
+
+def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        if value not in DTYPE_NAMES.values():
+            raise ConfigError(f"dtype {value} is not supported; use one of {sorted(DTYPE_NAMES)}")
+        return value
+    name = str(value).lower().removeprefix("torch.")
+    aliases = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+    name = aliases.get(name, name)
+    if name not in DTYPE_NAMES:
+        raise ConfigError(f"dtype {value!r} is not supported; use one of {sorted(DTYPE_NAMES)}")
+    return DTYPE_NAMES[name]
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    """Settings for one `Engine`.
+
+    `kv_cache_mb` is the memory given to the paged KV cache; the model runner turns it into a
+    number of blocks of `block_size` tokens. `max_num_batched_tokens` is the token budget of one
+    step (decode tokens plus prefill chunks); prompts longer than it are prefilled in chunks.
+    """
+
+    model_dir: Path | str
+    dtype: str | torch.dtype = "bfloat16"
+    max_model_len: int = 2048
+    kv_cache_mb: float = 256.0
+    block_size: int = 16
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    enable_prefix_caching: bool = True
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        self.model_dir = Path(self.model_dir)
+        self.dtype = parse_dtype(self.dtype)
+        _check_int("max_model_len", self.max_model_len, minimum=2)
+        _check_int("block_size", self.block_size, minimum=1)
+        _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            # NOTE: every running sequence needs a token of budget per step to decode at all.
+            raise ConfigError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs})"
+            )
+        if isinstance(self.kv_cache_mb, bool) or not isinstance(self.kv_cache_mb, int | float):
+            raise ConfigError(
+                f"kv_cache_mb must be a number of megabytes, got {self.kv_cache_mb!r}"
+            )
+        if not self.kv_cache_mb > 0:
+            raise ConfigError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
+        if not isinstance(self.enable_prefix_caching, bool):
+            raise ConfigError(
+                f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"
+            )
+        if not isinstance(self.device, str) or not self.device:
+            raise ConfigError(f"device must be a device name such as 'cpu', got {self.device!r}")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return int(self.kv_cache_mb * 1024 * 1024)
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {value}")

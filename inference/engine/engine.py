@@ -1,0 +1,315 @@
+"""Engine: the public, thread-safe API over one background thread that runs the model.
+
+One thread owns the `EngineCore` (scheduler, KV blocks, model runner); it loops `step()` while
+there is work and sleeps on a condition variable when idle. Other threads (the web server's
+event loop, Celery, tests) only append commands to a list under a lock: `submit`, `abort`,
+`stream`, `generate` and `shutdown` never touch engine state directly. An abort therefore takes
+effect (and frees its KV blocks) at the latest when the step in progress ends.
+
+Prompt length: a prompt must leave room for at least one generated token, so prompts of
+`max_model_len` tokens or more raise PromptTooLongError before they are queued. A request whose
+prompt + max_tokens goes beyond max_model_len is accepted and finishes with "length" when it
+reaches max_model_len (as the OpenAI API does when a reply hits the context limit).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from collections.abc import Sequence as SequenceOf
+
+from inference.engine.config import ConfigError, EngineConfig
+from inference.engine.detokenizer import IncrementalDetokenizer, fast_decoder
+from inference.engine.engine_core import EngineCore, OutputCallback, Request
+from inference.engine.model_runner import ModelRunner
+from inference.engine.outputs import (
+    Delta,
+    EngineClosedError,
+    GenerationResult,
+    PromptTooLongError,
+    ResultCollector,
+    Usage,
+)
+from inference.engine.sampling_params import SamplingParams
+from inference.engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+Prompt = str | SequenceOf[int]
+# NOTE: when the core has work it cannot schedule (it should not happen), wait this long between
+# tries instead of spinning on the interpreter lock the web server needs.
+STALL_WAIT_S = 0.01
+
+
+class Engine:
+    """One model, many concurrent requests. See the module docstring for the threading model.
+
+    `runner` / `tokenizer` may be passed in already loaded (tests, or an engine rebuilt on the
+    same weights); `config.dtype`, `kv_cache_mb` and `device` are then the runner's business.
+    """
+
+    def __init__(
+        self, config: EngineConfig, *, runner: ModelRunner | None = None, tokenizer=None
+    ) -> None:
+        self.config = config
+        if runner is None:
+            runner = ModelRunner(
+                config.model_dir,
+                dtype=config.dtype,
+                kv_cache_bytes=config.kv_cache_bytes,
+                block_size=config.block_size,
+                max_model_len=config.max_model_len,
+                device=config.device,
+            )
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(config.model_dir))
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self._decoder = fast_decoder(tokenizer)
+        # NOTE: the runner may lower max_model_len to what the model's positions support.
+        self.max_model_len = min(config.max_model_len, runner.max_model_len)
+        num_blocks = runner.num_kv_blocks
+        if num_blocks * config.block_size < self.max_model_len:
+            raise ConfigError(
+                f"the KV cache has {num_blocks} blocks of {config.block_size} tokens, fewer than "
+                f"one max_model_len={self.max_model_len} sequence needs; raise kv_cache_mb or "
+                "lower max_model_len"
+            )
+        self.core = EngineCore(
+            config,
+            runner,
+            max_model_len=self.max_model_len,
+            eos_token_ids=_eos_token_ids(tokenizer, getattr(runner, "hf_config", None)),
+            on_request_done=self._forget_request_id,
+        )
+        self.metrics = self.core.metrics
+        self._cond = threading.Condition()
+        self._commands: list[tuple[str, object]] = []
+        self._live_request_ids: set[str] = set()
+        self._is_closed = False
+        self._tokenizer_lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run_loop, name="cachet-engine", daemon=True)
+        self._thread.start()
+        logger.info(
+            "engine ready: %d KV blocks x %d tokens, max_model_len %d, prefix caching %s",
+            num_blocks, config.block_size, self.max_model_len, config.enable_prefix_caching,
+        )  # fmt: skip
+
+    # ---- public API (any thread) ----
+
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+        *,
+        on_output: OutputCallback | None = None,
+    ) -> str:
+        """Queue a request; return its id. `on_output` runs on the engine thread: keep it quick."""
+        request = self._prepare(prompt, params, request_id, cache_salt, on_output)
+        self._enqueue(request)
+        return request.seq.request_id
+
+    def stream(
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[Delta | Usage]:
+        """Async iterator of Deltas then one Usage. Bad input raises here, before queueing.
+
+        The request is queued on the first `__anext__`; cancelling the consumer or closing the
+        iterator early (client disconnect) aborts it.
+        """
+        request = self._prepare(prompt, params, request_id, cache_salt, None)
+        return self._stream(request)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks (at the latest after the current step)."""
+        self._command("abort", request_id)
+
+    def generate(
+        self,
+        prompts: SequenceOf[Prompt],
+        params: SamplingParams | SequenceOf[SamplingParams] | None = None,
+        *,
+        cache_salt: str | None = None,
+    ) -> list[GenerationResult]:
+        """Run a batch to completion (blocking); results in prompt order.
+
+        Raises RequestFailedError if the engine failed while running one of them.
+        """
+        if isinstance(params, SamplingParams) or params is None:
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        collectors = [ResultCollector() for _ in prompts]
+        requests = [
+            self._prepare(prompt, p, None, cache_salt, collector)
+            for prompt, p, collector in zip(prompts, params, collectors, strict=True)
+        ]
+        try:
+            for request in requests:
+                self._enqueue(request)
+            for collector in collectors:
+                while not collector.done.wait(timeout=1.0):
+                    if not self._thread.is_alive():
+                        raise EngineClosedError("the engine thread stopped")
+        except BaseException:
+            for collector, request in zip(collectors, requests, strict=True):
+                if not collector.done.is_set():
+                    self.abort(request.seq.request_id)
+            raise
+        return [collector.result() for collector in collectors]
+
+    def has_unfinished_requests(self) -> bool:
+        """Whether any request is queued or running (for draining before a shutdown)."""
+        with self._cond:
+            return bool(self._live_request_ids)
+
+    def shutdown(self, timeout: float | None = 10.0) -> None:
+        """Abort what is still running and stop the engine thread."""
+        with self._cond:
+            self._is_closed = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    # ---- request preparation (caller's thread) ----
+
+    def _prepare(self, prompt, params, request_id, cache_salt, on_output) -> Request:
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string, got {request_id!r}")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt must be a string or None, got {cache_salt!r}")
+        token_ids = self._prompt_token_ids(prompt)
+        seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt)
+        detokenizer = IncrementalDetokenizer(self._decoder, token_ids, params.stop)
+        return Request(seq, detokenizer, on_output)
+
+    def _prompt_token_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            # NOTE: HF fast tokenizers may flip their truncation settings inside encode, which
+            # fails ("Already borrowed") when two threads encode at once.
+            with self._tokenizer_lock:
+                token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+            vocab_size = self.runner.vocab_size
+            for token_id in token_ids:
+                if isinstance(token_id, bool) or not isinstance(token_id, int):
+                    raise ValueError(f"prompt token ids must be integers, got {token_id!r}")
+                if not 0 <= token_id < vocab_size:
+                    raise ValueError(f"prompt token id {token_id} is outside [0, {vocab_size})")
+        if not token_ids:
+            raise ValueError("the prompt is empty")
+        if len(token_ids) >= self.max_model_len:
+            raise PromptTooLongError(len(token_ids), self.max_model_len)
+        return token_ids
+
+    def _enqueue(self, request: Request) -> None:
+        request_id = request.seq.request_id
+        with self._cond:
+            if self._is_closed:
+                raise EngineClosedError("the engine is shut down")
+            if request_id in self._live_request_ids:
+                raise ValueError(f"request id {request_id!r} is already in use")
+            self._live_request_ids.add(request_id)
+            self._commands.append(("add", request))
+            self._cond.notify()
+
+    def _command(self, kind: str, payload: object) -> None:
+        with self._cond:
+            self._commands.append((kind, payload))
+            self._cond.notify()
+
+    async def _stream(self, request: Request) -> AsyncIterator[Delta | Usage]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta | Usage | BaseException] = asyncio.Queue()
+        request.on_output = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)
+        self._enqueue(request)
+        is_done = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    is_done = True
+                    raise item
+                if isinstance(item, Usage):
+                    is_done = True
+                yield item
+                if is_done:
+                    return
+        finally:
+            if not is_done:
+                self.abort(request.seq.request_id)
+
+    # ---- engine thread ----
+
+    def _run_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._commands or self._is_closed or self.core.has_work):
+                    self._cond.wait()
+                commands, self._commands = self._commands, []
+                is_closing = self._is_closed
+            try:
+                self._run_once(commands, is_closing)
+            except Exception as error:
+                # NOTE: the engine never dies on a bad step: the requests it ran fail with the
+                # error (all requests, if it came from outside a step) and the loop goes on.
+                logger.exception("engine step failed; failing the requests it ran")
+                self.core.fail_step(error)
+            if is_closing:
+                return
+
+    def _run_once(self, commands: list[tuple[str, object]], is_closing: bool) -> None:
+        core = self.core
+        for kind, payload in commands:
+            if kind == "add":
+                core.add(payload)
+            else:
+                core.abort(payload)
+        if is_closing:
+            core.abort_all()
+        elif not core.has_work:
+            core.record_metrics()  # e.g. after an abort: show the freed KV blocks at once
+        elif not core.step():
+            logger.warning("the engine has requests but could schedule none; waiting")
+            with self._cond:
+                self._cond.wait(STALL_WAIT_S)
+
+    def _forget_request_id(self, request_id: str) -> None:
+        with self._cond:
+            self._live_request_ids.discard(request_id)
+
+
+def _eos_token_ids(tokenizer, hf_config) -> frozenset[int]:
+    ids = set()
+    if getattr(tokenizer, "eos_token_id", None) is not None:
+        ids.add(tokenizer.eos_token_id)
+    config_eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(config_eos, int):
+        ids.add(config_eos)
+    elif config_eos:
+        ids.update(config_eos)
+    return frozenset(ids)

@@ -1,0 +1,125 @@
+"""ModelRunner: runs one scheduled step (prefill chunks and decode tokens) through the model.
+
+The scheduler hands over a list of `BatchEntry`; the runner lays them out as one flat token batch
+(single-token entries first, which lets attention batch all decodes), builds the index tensors once
+for all layers, and returns the logits of each entry's last token in the order given.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inference.engine.attention import build_attention_metadata
+from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
+from inference.engine.loader import load_model
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class BatchEntry:
+    token_ids: list[
+        int
+    ]  # tokens to run this step for one sequence (a prompt chunk, or 1 decode token)
+    num_computed_tokens: (
+        int  # tokens of this sequence already in the KV cache (their positions come first)
+    )
+    block_table: list[
+        int
+    ]  # physical block ids covering >= num_computed_tokens + len(token_ids) tokens
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: torch.dtype,
+        kv_cache_bytes: int,
+        block_size: int,
+        max_model_len: int,
+        device: str = "cpu",
+    ) -> None:
+        loaded = load_model(model_dir, dtype=dtype, device=device)
+        self.model = loaded.model
+        self.hf_config = loaded.hf_config
+        args = self.model.args
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.block_size = block_size
+        self.vocab_size = args.vocab_size
+        self.max_model_len = min(max_model_len, args.max_position_embeddings)
+        spec = KVCacheSpec(
+            num_layers=args.num_layers,
+            num_kv_heads=args.num_kv_heads,
+            head_dim=args.head_dim,
+            block_size=block_size,
+            dtype=dtype,
+        )
+        self.kv_cache = allocate_kv_cache(
+            spec, budget_bytes=kv_cache_bytes, max_model_len=self.max_model_len, device=device
+        )
+        self.num_kv_blocks = self.kv_cache.num_blocks
+
+    def execute(self, entries: list[BatchEntry]) -> torch.Tensor:
+        """float32 logits [len(entries), vocab_size] of the last token of each entry."""
+        if not entries:
+            raise ValueError("execute() needs at least one entry")
+        self._check(entries)
+        # NOTE: attention batches single-token entries only when they come first; the logits
+        # are put back into the caller's order at the end.
+        order = sorted(range(len(entries)), key=lambda i: len(entries[i].token_ids) > 1)
+        is_reordered = order != list(range(len(entries)))
+        ordered = [entries[i] for i in order] if is_reordered else entries
+
+        with torch.inference_mode():
+            query_lens = [len(e.token_ids) for e in ordered]
+            metadata = build_attention_metadata(
+                query_lens,
+                [e.num_computed_tokens for e in ordered],
+                [e.block_table for e in ordered],
+                block_size=self.block_size,
+                num_kv_heads=self.model.args.num_kv_heads,
+                device=self.device,
+            )
+            input_ids = torch.tensor(
+                list(itertools.chain.from_iterable(e.token_ids for e in ordered)),
+                dtype=torch.int64,
+                device=self.device,
+            )
+            hidden = self.model(input_ids, metadata.positions, metadata, self.kv_cache.layers)
+            if len(input_ids) != len(ordered):
+                last_token = torch.tensor(query_lens, device=self.device).cumsum(0) - 1
+                hidden = hidden[last_token]
+            logits = self.model.compute_logits(hidden).float()
+            if is_reordered:
+                logits = logits[torch.tensor(order).argsort().to(self.device)]
+        return logits
+
+    def _check(self, entries: list[BatchEntry]) -> None:
+        """Reject entries that would read or write outside their sequence's blocks."""
+        max_block_id = self.num_kv_blocks - 1
+        for entry in entries:
+            num_tokens = entry.num_computed_tokens + len(entry.token_ids)
+            if not entry.token_ids:
+                raise ValueError("a batch entry has no tokens to run")
+            if entry.num_computed_tokens < 0:
+                raise ValueError(
+                    f"num_computed_tokens must be >= 0, got {entry.num_computed_tokens}"
+                )
+            if num_tokens > self.max_model_len:
+                raise ValueError(
+                    f"a sequence of {num_tokens} tokens exceeds max_model_len={self.max_model_len}"
+                )
+            if len(entry.block_table) * self.block_size < num_tokens:
+                raise ValueError(
+                    f"block table of {len(entry.block_table)} blocks cannot hold {num_tokens} "
+                    f"tokens with block_size={self.block_size}"
+                )
+            if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
+                raise ValueError(f"block ids must be in [0, {max_block_id}]")

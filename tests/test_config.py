@@ -1,0 +1,43 @@
+"""EngineConfig: validation with clear errors, dtype names, KV budget in bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.engine.config import ConfigError, EngineConfig
+
+
+def test_defaults_convert_the_dtype_name_and_the_kv_budget():
+    config = EngineConfig("some/dir", dtype="bf16", kv_cache_mb=1.5)
+    assert config.dtype is torch.bfloat16
+    assert config.kv_cache_bytes == 1_572_864
+    assert config.enable_prefix_caching
+    assert config.block_size == 16
+
+
+def test_torch_dtypes_are_accepted():
+    assert EngineConfig("d", dtype=torch.float32).dtype is torch.float32
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dtype": "int8"}, "dtype 'int8' is not supported"),
+        ({"max_model_len": 1}, "max_model_len must be >= 2"),
+        ({"block_size": 0}, "block_size must be >= 1"),
+        ({"max_num_seqs": "4"}, "max_num_seqs must be an integer"),
+        ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be >= 1"),
+        ({"max_num_batched_tokens": 8}, r"max_num_batched_tokens \(8\) must be >= max_num_seqs"),
+        ({"kv_cache_mb": 0}, "kv_cache_mb must be > 0"),
+        ({"kv_cache_mb": "lots"}, "kv_cache_mb must be a number"),
+        ({"enable_prefix_caching": 1}, "enable_prefix_caching must be True or False"),
+    ],
+)
+def test_bad_settings_raise_config_error(kwargs, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig("d", **kwargs)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)

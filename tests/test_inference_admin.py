@@ -1,0 +1,83 @@
+"""The model-configuration admin: staff edit, validation shows the reason, activation reloads."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from inference import runtime
+from inference.models import ModelConfig
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ADD_URL = "/admin/inference/modelconfig/add/"
+FORM = {
+    "name": "smaller",
+    "source": "",
+    "dtype": "bfloat16",
+    "max_model_len": 2048,
+    "kv_cache_mb": 128,
+    "block_size": 16,
+    "max_num_seqs": 8,
+    "max_num_batched_tokens": 256,
+    "enable_prefix_caching": "on",
+    "temperature": 0.5,
+    "top_p": 0.9,
+    "top_k": "",
+    "max_tokens": 256,
+}
+
+
+@pytest.fixture
+def staff_client(client):
+    get_user_model().objects.create_superuser("root", password="pw-root-123456")
+    client.login(username="root", password="pw-root-123456")
+    return client
+
+
+@pytest.fixture(autouse=True)
+def no_engine_left_behind():
+    yield
+    runtime.stop_engine()
+
+
+def test_non_staff_users_cannot_open_the_model_admin(client) -> None:
+    get_user_model().objects.create_user("bob", password="pw-bob-1234567")
+    client.login(username="bob", password="pw-bob-1234567")
+    assert client.get(ADD_URL).status_code == 302  # to the admin login
+
+
+def test_an_invalid_configuration_is_refused_with_the_reason_shown(staff_client, tmp_path):
+    response = staff_client.post(ADD_URL, FORM | {"source": str(tmp_path / "nope")})
+    assert response.status_code == 200
+    assert "no such file or directory" in response.content.decode()
+    assert not ModelConfig.objects.exists()
+
+
+@pytest.mark.slow
+def test_activating_a_configuration_reloads_the_engine(staff_client, chat_model_dir) -> None:
+    response = staff_client.post(ADD_URL, FORM)
+    assert response.status_code == 302, response.content.decode()[:2000]
+    config = ModelConfig.objects.get(name="smaller")
+    response = staff_client.post(
+        "/admin/inference/modelconfig/",
+        {"action": "activate_selected", "_selected_action": [config.pk]},
+        follow=True,
+    )
+    assert "Loading &#x27;smaller&#x27;" in response.content.decode()
+    config.refresh_from_db()
+    assert config.is_active
+    engine = _wait_for_config("smaller")
+    assert engine.config.max_num_seqs == 8
+
+
+def _wait_for_config(name: str, timeout_s: float = 120.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = runtime.engine_status()
+        if status["status"] == "ready" and status["config"] == name:
+            return runtime.get_engine()
+        time.sleep(0.2)
+    raise AssertionError(f"engine never served {name!r}: {runtime.engine_status()}")
