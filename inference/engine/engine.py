@@ -80,11 +80,13 @@ class Engine:
                 f"one max_model_len={self.max_model_len} sequence needs; raise kv_cache_mb or "
                 "lower max_model_len"
             )
+        # Token ids that end an answer unless ignore_eos (chat history strips them from answers).
+        self.eos_token_ids = _eos_token_ids(tokenizer, getattr(runner, "hf_config", None))
         self.core = EngineCore(
             config,
             runner,
             max_model_len=self.max_model_len,
-            eos_token_ids=_eos_token_ids(tokenizer, getattr(runner, "hf_config", None)),
+            eos_token_ids=self.eos_token_ids,
             on_request_done=self._forget_request_id,
         )
         self.metrics = self.core.metrics
