@@ -114,11 +114,13 @@ class Seeds:
         return first
 
 
-def bench_hf(model_dir: Path, tokenizer, workload: Workload, seeds: Seeds) -> dict:
+def bench_hf(
+    model_dir: Path, tokenizer, workload: Workload, seeds: Seeds, dtype: torch.dtype
+) -> dict:
     from transformers import AutoModelForCausalLM
 
     with PeakRss() as rss:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         tokenizer.padding_side = "left"
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -152,6 +154,7 @@ def bench_hf(model_dir: Path, tokenizer, workload: Workload, seeds: Seeds) -> di
             )
             throughput[str(num)] = round(num * workload.output_tokens / seconds, 2)
     return {
+        "dtype": str(dtype).removeprefix("torch."),
         "cold_ttft_s": round(cold_ttft, 4),
         "warm_ttft_s": round(warm_ttft, 4),
         "decode_tok_s": round(decode_tok_s, 2),
@@ -160,7 +163,9 @@ def bench_hf(model_dir: Path, tokenizer, workload: Workload, seeds: Seeds) -> di
     }
 
 
-def bench_engine(model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb: int) -> dict:
+def bench_engine(
+    model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb: int, dtype: str
+) -> dict:
     from inference.engine.config import EngineConfig
     from inference.engine.engine import Engine
     from inference.engine.sampling_params import SamplingParams
@@ -169,7 +174,7 @@ def bench_engine(model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb:
         max_concurrency = max(workload.concurrency)
         config = EngineConfig(
             model_dir=model_dir,
-            dtype="bfloat16",
+            dtype=dtype,
             max_model_len=max(2048, workload.system_tokens + workload.user_tokens + 256),
             kv_cache_mb=kv_cache_mb,
             max_num_seqs=max(max_concurrency, 1),
@@ -195,6 +200,7 @@ def bench_engine(model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb:
         finally:
             engine.shutdown()
     return {
+        "dtype": str(config.dtype).removeprefix("torch."),
         "cold_ttft_s": round(cold.usage.ttft_s, 4),
         "warm_ttft_s": round(warm.usage.ttft_s, 4),
         "warm_cached_tokens": warm.usage.cached_tokens,
@@ -227,12 +233,17 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--model-dir", type=Path, help="model directory (default: bundled)")
     parser.add_argument("--models-dir", type=Path, default=Path("var/models"))
     parser.add_argument("--kv-cache-mb", type=int, default=1024)
+    parser.add_argument(
+        "--engine-dtype", default="auto", help="engine dtype (auto: bf16 where native, else fp32)"
+    )
+    parser.add_argument("--hf-dtype", default="bfloat16", help="baseline dtype (issue: bf16)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
     from transformers import AutoTokenizer
 
+    from inference.engine.config import parse_dtype
     from inference.model_files import resolve_chat_model
 
     model_dir = args.model_dir or resolve_chat_model(None, args.models_dir).directory
@@ -244,10 +255,11 @@ def main(argv: list[str] | None = None) -> dict:
         "output_tokens": workload.output_tokens,
         "torch_threads": torch.get_num_threads(),
     }}  # fmt: skip
-    result["engine"] = bench_engine(model_dir, workload, seeds, args.kv_cache_mb)
+    result["engine"] = bench_engine(model_dir, workload, seeds, args.kv_cache_mb, args.engine_dtype)
     if not args.skip_hf:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        result["hf"] = bench_hf(model_dir, tokenizer, workload, seeds)
+        hf_dtype = parse_dtype(args.hf_dtype)
+        result["hf"] = bench_hf(model_dir, tokenizer, workload, seeds, hf_dtype)
         result["ratios"] = ratios(result["hf"], result["engine"])
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")

@@ -11,18 +11,19 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 
 from chatsite.env import ConfigError, read_model_source
+from inference.engine.config import parse_dtype
 from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_chat_model
 
 SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class ModelConfig(models.Model):
     """What the engine loads and how much work it takes on; sampling defaults for chats."""
 
     class Dtype(models.TextChoices):
-        BFLOAT16 = "bfloat16", "bfloat16 (default on CPUs with bf16 support)"
-        FLOAT32 = "float32", "float32 (exact, slowest)"
+        AUTO = "auto", "auto (bfloat16 where the hardware has it, else float32)"
+        BFLOAT16 = "bfloat16", "bfloat16"
+        FLOAT32 = "float32", "float32 (exact)"
         FLOAT16 = "float16", "float16 (GPUs)"
 
     name = models.CharField(max_length=100, unique=True)
@@ -32,7 +33,7 @@ class ModelConfig(models.Model):
         help_text="Hugging Face id, local model directory, or .gguf file. "
         "Empty: the CACHET_MODEL setting (by default the bundled SmolLM2-135M-Instruct).",
     )
-    dtype = models.CharField(max_length=16, choices=Dtype.choices, default=Dtype.BFLOAT16)
+    dtype = models.CharField(max_length=16, choices=Dtype.choices, default=Dtype.AUTO)
     max_model_len = models.PositiveIntegerField(
         default=4096, validators=[MinValueValidator(64)], help_text="Prompt + answer tokens."
     )
@@ -139,7 +140,7 @@ class ModelConfig(models.Model):
         num_kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         bytes_per_token = 2 * config["num_hidden_layers"] * num_kv_heads * head_dim
-        bytes_per_token *= DTYPE_BYTES[self.dtype]
+        bytes_per_token *= parse_dtype(self.dtype).itemsize
         num_blocks = -(-self.max_model_len // self.block_size)
         return -(-num_blocks * self.block_size * bytes_per_token // (1024 * 1024))
 

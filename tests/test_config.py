@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.engine.config import ConfigError, EngineConfig
+from inference.engine.config import ConfigError, EngineConfig, has_fast_bfloat16
 
 
 def test_defaults_convert_the_dtype_name_and_the_kv_budget():
@@ -14,6 +14,12 @@ def test_defaults_convert_the_dtype_name_and_the_kv_budget():
     assert config.kv_cache_bytes == 1_572_864
     assert config.enable_prefix_caching
     assert config.block_size == 16
+
+
+def test_auto_dtype_is_bfloat16_only_where_the_hardware_runs_it_natively():
+    expected = torch.bfloat16 if has_fast_bfloat16("cpu") else torch.float32
+    assert EngineConfig("d").dtype is expected
+    assert EngineConfig("d", dtype="auto").dtype is expected
 
 
 def test_torch_dtypes_are_accepted():

@@ -39,7 +39,8 @@ def test_an_unsupported_architecture_is_refused(tmp_path) -> None:
 
 def test_a_kv_budget_too_small_for_one_sequence_names_the_minimum(chat_model_dir) -> None:
     # SmolLM2-135M: 30 layers x 3 KV heads x 64 dims x 2 (K and V) x 2 bytes = 23,040 B/token.
-    errors = errors_of(ModelConfig(name="tiny", kv_cache_mb=1, max_model_len=4096))
+    config = ModelConfig(name="tiny", dtype="bfloat16", kv_cache_mb=1, max_model_len=4096)
+    errors = errors_of(config)
     assert errors["kv_cache_mb"] == [
         "too small to hold one 4096-token sequence: needs at least 90 MB for this model and dtype"
     ]

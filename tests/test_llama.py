@@ -9,7 +9,14 @@ import torch
 
 from inference.engine.attention import build_attention_metadata
 from inference.engine.loader import load_model
-from inference.engine.models.llama import LlamaArgs, RopeArgs, apply_rotary, rope_inv_freq
+from inference.engine.models.llama import (
+    LlamaArgs,
+    RMSNorm,
+    RopeArgs,
+    RotaryEmbedding,
+    apply_rotary,
+    rope_inv_freq,
+)
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -32,7 +39,9 @@ def test_rope_settings_are_read_from_transformers_5_rope_parameters():
 
 def test_rope_settings_are_read_from_legacy_rope_scaling_and_rope_theta():
     config = SimpleNamespace(
-        rope_scaling={"type": "linear", "factor": 4.0}, rope_theta=1234.0, max_position_embeddings=64
+        rope_scaling={"type": "linear", "factor": 4.0},
+        rope_theta=1234.0,
+        max_position_embeddings=64,
     )
     rope = RopeArgs.from_hf_config(config)
     assert (rope.rope_type, rope.theta, rope.factor) == ("linear", 1234.0, 4.0)
@@ -69,16 +78,31 @@ def test_rotation_matches_transformers_rotate_half():
 
     torch.manual_seed(0)
     x = torch.randn(5, 3, 16)
-    angles = torch.randn(5, 8)
-    cos, sin = angles.cos(), angles.sin()
+    rotary = RotaryEmbedding(RopeArgs(theta=100.0), head_dim=16)
+    positions = torch.tensor([0, 1, 7, 30, 2])
+    cos, sin = rotary(positions, torch.float32)
+    angles = positions[:, None].float() * rotary.inv_freq
+    hf_cos = torch.cat([angles.cos()] * 2, -1)
+    hf_sin = torch.cat([angles.sin()] * 2, -1)
     expected, _ = apply_rotary_pos_emb(
-        x.transpose(0, 1),
-        x.transpose(0, 1),
-        torch.cat([cos, cos], -1),
-        torch.cat([sin, sin], -1),
-        unsqueeze_dim=0,
+        x.transpose(0, 1), x.transpose(0, 1), hf_cos, hf_sin, unsqueeze_dim=0
     )
-    torch.testing.assert_close(apply_rotary(x, cos, sin), expected.transpose(0, 1))
+    assert torch.equal(apply_rotary(x, cos, sin), expected.transpose(0, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_matches_transformers_bitwise(dtype):
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+    torch.manual_seed(0)
+    ours, theirs = RMSNorm(64, eps=1e-5), LlamaRMSNorm(64, eps=1e-5)
+    with torch.no_grad():
+        theirs.weight.normal_(1.0, 0.1)
+        ours.weight.copy_(theirs.weight)
+    ours, theirs = ours.to(dtype), theirs.to(dtype)
+    x = (torch.randn(7, 64) * 3).to(dtype)
+    with torch.no_grad():
+        assert torch.equal(ours(x), theirs(x))
 
 
 def test_qwen2_gets_q_k_v_biases_but_no_output_bias():
@@ -91,7 +115,9 @@ def test_qwen2_gets_q_k_v_biases_but_no_output_bias():
 def test_mistral_sliding_window_caps_the_usable_length():
     from transformers import MistralConfig
 
-    args = LlamaArgs.from_hf_config(MistralConfig(max_position_embeddings=32768, sliding_window=4096))
+    args = LlamaArgs.from_hf_config(
+        MistralConfig(max_position_embeddings=32768, sliding_window=4096)
+    )
     assert args.max_position_embeddings == 4096
 
 

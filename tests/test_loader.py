@@ -29,7 +29,9 @@ def test_q_k_v_and_gate_up_are_fused_in_checkpoint_order(tiny_model_dir):
             [ckpt[f"{prefix}self_attn.{name}_proj.{kind}"] for name in ("q", "k", "v")]
         )
         torch.testing.assert_close(getattr(model.layers[1].self_attn.qkv_proj, kind), expected)
-    expected = torch.cat([ckpt[f"{prefix}mlp.gate_proj.weight"], ckpt[f"{prefix}mlp.up_proj.weight"]])
+    expected = torch.cat(
+        [ckpt[f"{prefix}mlp.gate_proj.weight"], ckpt[f"{prefix}mlp.up_proj.weight"]]
+    )
     torch.testing.assert_close(model.layers[1].mlp.gate_up_proj.weight, expected)
     torch.testing.assert_close(model.lm_head.weight, ckpt["lm_head.weight"])
     assert model.layers[1].self_attn.o_proj.bias is None  # Qwen2: q/k/v biases only
@@ -39,9 +41,7 @@ def test_tied_embeddings_reuse_the_embedding_matrix_for_logits(tiny_model_dir):
     model = load_model(tiny_model_dir("llama"), dtype=torch.float32).model
     assert model.lm_head is None
     hidden = torch.randn(3, 64)
-    torch.testing.assert_close(
-        model.compute_logits(hidden), hidden @ model.embed_tokens.weight.T
-    )
+    torch.testing.assert_close(model.compute_logits(hidden), hidden @ model.embed_tokens.weight.T)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -85,7 +85,9 @@ def test_missing_weight_raises_value_error_naming_it(tiny_model_dir, tmp_path):
     for path in tmp_path.glob("*.safetensors"):
         path.unlink()
     save_file(weights, tmp_path / "model.safetensors")
-    with pytest.raises(ValueError, match=r"missing weights: layers\.0\.self_attn\.qkv_proj\.weight"):
+    with pytest.raises(
+        ValueError, match=r"missing weights: layers\.0\.self_attn\.qkv_proj\.weight"
+    ):
         load_model(tmp_path, dtype=torch.float32)
 
 

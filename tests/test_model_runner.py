@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -17,6 +19,16 @@ QUESTIONS = [
     "List three prime numbers and explain why they are prime.",
     "How do I make a cup of tea?",
 ]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    # NOTE: the test machines are 2 shared cores; two OpenMP threads stall badly whenever a
+    # neighbour holds a core, and these tests are about outputs, not speed.
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
 
 
 def greedy_decode(
@@ -179,16 +191,24 @@ def test_prompts_prefilled_in_several_chunks_match_transformers_generate(
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("CACHET_BF16_AGREEMENT") != "1",
+    reason="report only (minutes without native bf16 matmuls): set CACHET_BF16_AGREEMENT=1, run -s",
+)
 def test_bfloat16_greedy_agreement_with_transformers_is_reported(chat_model_dir, chat_prompts):
     # NOTE: bf16 results depend on kernel choices (e.g. attention over a packed query group), so
     # outputs drift from transformers after a near-tie; the rate is reported, not asserted equal.
     expected = hf_greedy(chat_model_dir, chat_prompts, NUM_NEW_TOKENS, torch.bfloat16)
     outputs = greedy_decode(_runner(chat_model_dir, torch.bfloat16), chat_prompts, NUM_NEW_TOKENS)
-    same = sum(a == b for out, ref in zip(outputs, expected, strict=True) for a, b in zip(out, ref))
+    same = sum(
+        a == b
+        for out, ref in zip(outputs, expected, strict=True)
+        for a, b in zip(out, ref, strict=True)
+    )
     first_divergence = [
-        next((i for i, (a, b) in enumerate(zip(out, ref)) if a != b), NUM_NEW_TOKENS)
+        next((i for i, (a, b) in enumerate(zip(out, ref, strict=True)) if a != b), NUM_NEW_TOKENS)
         for out, ref in zip(outputs, expected, strict=True)
     ]
     rate = same / (NUM_NEW_TOKENS * len(outputs))
-    print(f"bf16 greedy agreement with transformers: {rate:.1%}; first divergence {first_divergence}")
+    print(f"bf16 greedy agreement with transformers: {rate:.1%}; diverged at {first_divergence}")
     assert all(position > 0 for position in first_divergence)  # the first token is exact

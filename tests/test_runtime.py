@@ -40,7 +40,7 @@ def test_activating_a_configuration_swaps_the_engine_and_in_flight_requests_fini
         target=lambda: results.extend(old_engine.generate(["Tell me a story."], long_request))
     )
     worker.start()
-    config = ModelConfig.objects.create(name="small-batch", max_num_seqs=4, kv_cache_mb=128)
+    config = ModelConfig.objects.create(name="small-batch", max_num_seqs=4, kv_cache_mb=256)
     config.activate()
     runtime.reload_engine(config, wait=True)
     new_engine = runtime.get_engine()

@@ -50,9 +50,11 @@ class AttentionMetadata:
     # keys/values, token-major (matching k.reshape(-1, head_dim)).
     write_index: torch.Tensor
     num_decode_tokens: int  # the first num_decode_tokens tokens are single-token sequences
-    decode_gather_index: torch.Tensor | None  # [num_decodes * kv_heads * max_blocks], (seq, head, block)
+    # [num_decodes * kv_heads * max_blocks] cache rows, ordered (sequence, head, block)
+    decode_gather_index: torch.Tensor | None
     max_decode_context_len: int
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_decode_context_len]; None if unpadded
+    # [num_decodes, 1, 1, max_decode_context_len]; None when all decodes have the same context
+    decode_mask: torch.Tensor | None
     prefills: list[PrefillSpan]
     # Gather buffers shared by all layers of the step (allocated by the first layer).
     decode_keys: torch.Tensor | None = None
@@ -88,7 +90,11 @@ def build_attention_metadata(
     # NOTE: one flat list -> tensor -> masked scatter is much cheaper than a nested list of
     # padded rows; padding entries point at block 0 and are masked out (or sliced away).
     flat_blocks = torch.tensor(
-        list(itertools.chain.from_iterable(t[:n] for t, n in zip(block_tables, num_blocks))),
+        list(
+            itertools.chain.from_iterable(
+                t[:n] for t, n in zip(block_tables, num_blocks, strict=True)
+            )
+        ),
         dtype=torch.int64,
     )
     table = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)
@@ -164,8 +170,10 @@ def paged_attention(
     k_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, k.reshape(-1, head_dim))
     v_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, v.reshape(-1, head_dim))
 
-    out = q.new_empty(num_tokens, num_heads, head_dim)
     num_decodes = metadata.num_decode_tokens
+    if num_decodes == num_tokens:  # pure decode step: no output buffer to assemble
+        return _decode_attention(q, k_cache, v_cache, metadata, scale)
+    out = q.new_empty(num_tokens, num_heads, head_dim)
     if num_decodes:
         out[:num_decodes] = _decode_attention(q[:num_decodes], k_cache, v_cache, metadata, scale)
     for span in metadata.prefills:

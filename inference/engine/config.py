@@ -18,7 +18,29 @@ class ConfigError(ValueError):
     """An engine setting is invalid; the message names the setting and the accepted values."""
 
 
-def parse_dtype(value: str | torch.dtype) -> torch.dtype:
+def has_fast_bfloat16(device: str = "cpu") -> bool:
+    """Whether bf16 matrix work is native here (AMX / AVX512-BF16 CPUs, most GPUs).
+
+    NOTE: on CPUs without it (e.g. AVX2-only) torch emulates bf16 and runs several times slower
+    than float32, so "auto" picks float32 there.
+    """
+    if device.startswith("cuda"):
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    cpu = torch.cpu
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(cpu, check, lambda: False)() for check in checks)
+
+
+def resolve_auto_dtype(device: str = "cpu") -> torch.dtype:
+    if has_fast_bfloat16(device):
+        return torch.bfloat16
+    return torch.float16 if device.startswith("cuda") else torch.float32
+
+
+def parse_dtype(value: str | torch.dtype, device: str = "cpu") -> torch.dtype:
+    """A dtype from its name ("auto": bfloat16 where it is fast, else float32 on CPUs)."""
+    if value == "auto":
+        return resolve_auto_dtype(device)
     if isinstance(value, torch.dtype):
         if value not in DTYPE_NAMES.values():
             raise ConfigError(f"dtype {value} is not supported; use one of {sorted(DTYPE_NAMES)}")
@@ -41,7 +63,7 @@ class EngineConfig:
     """
 
     model_dir: Path | str
-    dtype: str | torch.dtype = "bfloat16"
+    dtype: str | torch.dtype = "auto"
     max_model_len: int = 2048
     kv_cache_mb: float = 256.0
     block_size: int = 16
@@ -52,7 +74,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
-        self.dtype = parse_dtype(self.dtype)
+        self.dtype = parse_dtype(self.dtype, self.device if isinstance(self.device, str) else "cpu")
         _check_int("max_model_len", self.max_model_len, minimum=2)
         _check_int("block_size", self.block_size, minimum=1)
         _check_int("max_num_seqs", self.max_num_seqs, minimum=1)

@@ -144,17 +144,25 @@ class RotaryEmbedding(nn.Module):
         # this buffer is not a checkpoint weight, so it must hold real values from the start.
         self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-        """cos and sin [num_tokens, head_dim // 2] for `positions`, computed once per step."""
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin [num_tokens, head_dim] for `apply_rotary`, once per step."""
         freqs = positions[:, None].float() * self.inv_freq
-        return freqs.cos().to(dtype), freqs.sin().to(dtype)
+        cos, sin = freqs.cos().to(dtype), freqs.sin().to(dtype)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x [num_tokens, num_heads, head_dim] by the half-split (GPT-NeoX) convention."""
-    x1, x2 = x.chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """Rotate x [num_tokens, num_heads, head_dim] by the half-split (GPT-NeoX) convention.
+
+    `cos` is [num_tokens, head_dim] and `sin` is [num_tokens, head_dim] with its first half
+    negated (see `RotaryEmbedding`), so the rotation is x * cos + swap_halves(x) * sin: four ops,
+    and bitwise what transformers computes as x * cos + rotate_half(x) * sin.
+    """
+    half = x.shape[-1] // 2
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + swapped * sin[:, None, :]
 
 
 class RMSNorm(nn.Module):
@@ -164,6 +172,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: normalised in float32 and rounded before the weight is applied, as transformers
+        # does. (F.rms_norm is bitwise the same but no faster on CPU: it is not fused there.)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -194,7 +204,7 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        # NOTE: q and k sit side by side in each row, so one rotation covers both heads groups.
+        # NOTE: q and k sit side by side in each row, so one rotation covers both.
         qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
         qk = apply_rotary(qk, cos, sin)
         q = qk[:, : self.num_heads]
