@@ -30,8 +30,32 @@ try:
     CACHET_EMBEDDING_MODEL = env.read_model_source(os.environ, "CACHET_EMBEDDING_MODEL")
     CACHET_KV_CACHE_MB = env.read_int(os.environ, "CACHET_KV_CACHE_MB", default=512, minimum=1)
     CACHET_METRICS_TOKEN = env.read_str(os.environ, "CACHET_METRICS_TOKEN")
+    # 0: torch's default (one thread per core). 1 is often faster when the web server, the engine
+    # and embedding share two cores (measured: see the README).
+    CACHET_TORCH_THREADS = env.read_int(os.environ, "CACHET_TORCH_THREADS", default=0, minimum=0)
     CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)
     CSRF_TRUSTED_ORIGINS = env.read_list(os.environ, "CACHET_CSRF_TRUSTED_ORIGINS", default=[])
+    # --- Retrieval (retrieval/; defaults measured, see the README's "Retrieval" section) ---
+    CACHET_MAX_UPLOAD_MB = env.read_int(os.environ, "CACHET_MAX_UPLOAD_MB", default=50, minimum=1)
+    CACHET_CHUNK_TOKENS = env.read_int(os.environ, "CACHET_CHUNK_TOKENS", default=200, minimum=16)
+    CACHET_CHUNK_OVERLAP = env.read_int(os.environ, "CACHET_CHUNK_OVERLAP", default=30, minimum=0)
+    CACHET_SEARCH_TOP_K = env.read_int(os.environ, "CACHET_SEARCH_TOP_K", default=5, minimum=1)
+    CACHET_SEARCH_CANDIDATES = env.read_int(
+        os.environ, "CACHET_SEARCH_CANDIDATES", default=50, minimum=1
+    )
+    CACHET_RERANKER = env.read_str(os.environ, "CACHET_RERANKER", default="fusion")
+    if not (
+        CACHET_RERANKER in {"none", "fusion"}
+        or (CACHET_RERANKER.startswith("cross-encoder:") and CACHET_RERANKER[14:].strip())
+    ):
+        raise env.ConfigError(
+            "CACHET_RERANKER",
+            "expected none, fusion or cross-encoder:<model id or directory>; "
+            f"got {CACHET_RERANKER!r}",
+        )
+    if CACHET_CHUNK_OVERLAP * 2 >= CACHET_CHUNK_TOKENS:
+        raise env.ConfigError("CACHET_CHUNK_OVERLAP", "must be under half of CACHET_CHUNK_TOKENS")
+    # --- end Retrieval ---
 except env.ConfigError as error:
     raise ImproperlyConfigured(f"Bad setting {error}") from None
 

@@ -86,3 +86,11 @@ def test_a_bad_value_stops_start_up_with_one_line_naming_the_variable(
     assert result.stderr.startswith("cachet: configuration error: Bad setting ")
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_torch_threads_are_set_process_wide_when_configured(tmp_path: Path) -> None:
+    probe = "import django, torch; django.setup(); print(torch.get_num_threads())"
+    environment = {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_DATA_DIR": str(tmp_path)}
+    result = run_with(environment | {"CACHET_TORCH_THREADS": "1"}, "-c", probe)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "1"

@@ -1,0 +1,159 @@
+"""Admin: collections, multi-file upload, live ingestion progress, re-ingest, search preview."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.contrib import admin, messages
+from django.db import transaction
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from retrieval.forms import SearchPreviewForm, UploadForm
+from retrieval.models import Chunk, Collection, Document
+from retrieval.tasks import enqueue_ingest
+
+
+@admin.register(Collection)
+class CollectionAdmin(admin.ModelAdmin):
+    list_display = ("name", "description", "num_documents", "created_at")
+    search_fields = ("name", "description")
+    filter_horizontal = ("readers", "reader_groups")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Collection]:
+        return super().get_queryset(request).annotate(document_count=Count("documents"))
+
+    @admin.display(description="documents", ordering="document_count")
+    def num_documents(self, collection: Collection) -> int:
+        return collection.document_count
+
+
+class ChunkInline(admin.TabularInline):
+    model = Chunk
+    fields = ("ordinal", "page", "heading_path", "token_count", "char_start", "char_end", "text")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+        return False
+
+
+@admin.register(Document)
+class DocumentAdmin(admin.ModelAdmin):
+    change_list_template = "admin/retrieval/document/change_list.html"
+    list_display = (
+        "title", "collection", "status", "progress_bar", "size_display", "mime_type", "updated_at"
+    )  # fmt: skip
+    list_filter = ("status", "collection")
+    search_fields = ("title",)
+    readonly_fields = (
+        "mime_type", "size_bytes", "content_hash", "status", "progress", "error",
+        "created_by", "created_at", "updated_at",
+    )  # fmt: skip
+    actions = ("reingest_selected",)
+    inlines = (ChunkInline,)
+
+    def get_urls(self):
+        view = self.admin_site.admin_view
+        return [
+            path("upload/", view(self.upload_view), name="retrieval_document_upload"),
+            path("search/", view(self.search_view), name="retrieval_document_search"),
+            path("progress/", view(self.progress_view), name="retrieval_document_progress"),
+            *super().get_urls(),
+        ]
+
+    @admin.display(description="progress", ordering="progress")
+    def progress_bar(self, document: Document) -> str:
+        return format_html(
+            '<progress class="cachet-progress" data-document-id="{}" data-status="{}" max="100"'
+            ' value="{}"></progress> <span data-progress-label="{}">{}</span>',
+            document.pk, document.status, document.progress, document.pk,
+            f"failed: {document.error}" if document.status == Document.Status.FAILED
+            else f"{document.progress}%",
+        )  # fmt: skip
+
+    @admin.display(description="size", ordering="size_bytes")
+    def size_display(self, document: Document) -> str:
+        return f"{document.size_bytes / 1024:.1f} KB"
+
+    def save_model(self, request, obj: Document, form, change: bool) -> None:
+        if not change:
+            obj.created_by = request.user
+            obj.title = obj.title or Path(obj.file.name).name
+        super().save_model(request, obj, form, change)
+        if not change or "file" in form.changed_data:
+            enqueue_ingest(obj)
+
+    @admin.action(description="Re-ingest selected documents")
+    def reingest_selected(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
+        with transaction.atomic():
+            for document in queryset:
+                enqueue_ingest(document)
+        self.message_user(request, f"{queryset.count()} document(s) queued for ingestion.")
+
+    def upload_view(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_add_permission(request):
+            return HttpResponse(status=403)
+        form = UploadForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            collection = form.cleaned_data["collection"]
+            with transaction.atomic():
+                for upload in form.cleaned_data["files"]:
+                    document = Document.objects.create(
+                        collection=collection,
+                        title=Path(upload.name).name,
+                        file=upload,
+                        size_bytes=upload.size,
+                        created_by=request.user,
+                    )
+                    enqueue_ingest(document)
+            count = len(form.cleaned_data["files"])
+            messages.success(request, f"{count} file(s) uploaded to {collection}; ingesting.")
+            return redirect(reverse("admin:retrieval_document_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Upload documents",
+            "form": form,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/retrieval/document/upload.html", context)
+
+    def search_view(self, request: HttpRequest) -> HttpResponse:
+        from retrieval.search import search
+
+        form = SearchPreviewForm(request.GET or None)
+        hits = None
+        if request.GET and form.is_valid():
+            hits = search(
+                form.cleaned_data["query"],
+                form.cleaned_data["collections"] or None,
+                form.cleaned_data["top_k"],
+                user=request.user,
+            )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Search preview",
+            "form": form,
+            "hits": hits,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/retrieval/document/search.html", context)
+
+    def progress_view(self, request: HttpRequest) -> JsonResponse:
+        """Status and progress of the documents in `?ids=1,2,3`.
+
+        The change list follows progress over `ws/documents/<id>/progress/` (consumers.py) and
+        polls this view only where the WebSocket cannot be opened.
+        """
+        try:
+            ids = [int(i) for i in request.GET.get("ids", "").split(",") if i.strip()][:500]
+        except ValueError:
+            return JsonResponse({"error": "ids must be comma-separated integers"}, status=400)
+        rows = Document.objects.filter(pk__in=ids).values("id", "status", "progress", "error")
+        return JsonResponse({"documents": list(rows)})

@@ -1,0 +1,62 @@
+"""Live ingestion progress over a WebSocket: `ws/documents/<id>/progress/`, staff only.
+
+The consumer joins the channel group `document.<id>` that `retrieval.progress.report` sends to,
+sends the document's current state on connect, then forwards every `document.progress` event.
+"""
+
+from __future__ import annotations
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from retrieval.models import Document
+from retrieval.progress import group_name
+
+# NOTE: 4003 mirrors HTTP 403, so the admin's script can tell "refused" from "server gone".
+CLOSE_FORBIDDEN = 4003
+CLOSE_NOT_FOUND = 4004
+
+
+@database_sync_to_async
+def _document_state(document_id: int) -> dict | None:
+    row = Document.objects.filter(pk=document_id).values("status", "progress", "error").first()
+    if row is None:
+        return None
+    return {"document_id": document_id, **row}
+
+
+class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
+    group: str | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated or not user.is_active or not user.is_staff:
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        document_id = int(self.scope["url_route"]["kwargs"]["document_id"])
+        state = await _document_state(document_id)
+        if state is None:
+            await self.close(code=CLOSE_NOT_FOUND)
+            return
+        self.group = group_name(document_id)
+        await self.channel_layer.group_add(self.group, self.channel_name)
+        await self.accept()
+        await self.send_json({"type": "document.progress", **state})
+
+    async def disconnect(self, code: int) -> None:
+        if self.group is not None:
+            await self.channel_layer.group_discard(self.group, self.channel_name)
+
+    async def receive_json(self, content, **kwargs) -> None:
+        """The socket is one-way; anything a client sends is ignored."""
+
+    async def document_progress(self, event: dict) -> None:
+        await self.send_json(
+            {
+                "type": "document.progress",
+                "document_id": event["document_id"],
+                "status": event["status"],
+                "progress": event["progress"],
+                "error": event.get("error", ""),
+            }
+        )

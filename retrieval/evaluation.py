@@ -1,0 +1,148 @@
+"""Retrieval evaluation on a BEIR-layout set (corpus.jsonl, queries.jsonl, qrels/test.tsv).
+
+The corpus is ingested through the real pipeline into a throwaway collection with its own
+temporary faiss index; every mode is then scored per query, and everything is deleted again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+from django.core.files.base import ContentFile
+
+from retrieval.embeddings import get_embedder
+from retrieval.ingest import embed, prepare, store
+from retrieval.models import Chunk, Collection, Document
+from retrieval.rerank import Reranker, make_reranker
+from retrieval.search import MODES, Retriever
+
+logger = logging.getLogger(__name__)
+
+
+def load_beir(directory: Path) -> tuple[list[dict], dict[str, str], dict[str, set[str]]]:
+    directory = Path(directory)
+    for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
+        if not (directory / name).is_file():
+            raise FileNotFoundError(f"{directory} is not a BEIR-layout set: no {name}")
+    corpus = [json.loads(line) for line in (directory / "corpus.jsonl").open() if line.strip()]
+    queries = {
+        row["_id"]: row["text"]
+        for row in map(json.loads, (directory / "queries.jsonl").open())
+        if row
+    }
+    qrels: dict[str, set[str]] = {}
+    for number, line in enumerate((directory / "qrels/test.tsv").open()):
+        parts = line.rstrip("\n").split("\t")
+        if (number == 0 and parts[0] == "query-id") or len(parts) < 3:
+            continue
+        if float(parts[2]) > 0:
+            qrels.setdefault(parts[0], set()).add(parts[1])
+    return corpus, queries, qrels
+
+
+def score_ranking(ranked: list[str], relevant: set[str]) -> dict[str, float]:
+    def recall(k: int) -> float:
+        return len(relevant.intersection(ranked[:k])) / len(relevant)
+
+    mrr = next((1.0 / rank for rank, d in enumerate(ranked[:10], 1) if d in relevant), 0.0)
+    dcg = sum(1.0 / math.log2(rank + 1) for rank, d in enumerate(ranked[:10], 1) if d in relevant)
+    ideal = sum(1.0 / math.log2(rank + 1) for rank in range(1, min(len(relevant), 10) + 1))
+    return {
+        "recall1": recall(1),
+        "recall5": recall(5),
+        "recall10": recall(10),
+        "mrr10": mrr,
+        "ndcg10": dcg / ideal,
+    }
+
+
+def evaluate(
+    directory: Path,
+    *,
+    max_queries: int | None = None,
+    reranker: Reranker | None = None,
+    modes: tuple[str, ...] = MODES,
+    candidates: int = 50,
+) -> dict:
+    corpus, queries, qrels = load_beir(directory)
+    query_ids = [q for q in queries if q in qrels][:max_queries]
+    embedder = get_embedder()
+    collection = Collection.objects.create(
+        name=f"eval-{uuid.uuid4().hex[:12]}", description=f"throwaway: {directory}"
+    )
+    with tempfile.TemporaryDirectory(prefix="cachet-eval-") as scratch:
+        retriever = Retriever(
+            embedder,
+            Path(scratch) / "chunks.faiss",
+            reranker or make_reranker("fusion"),
+            candidates,
+        )
+        try:
+            chunks_per_s = _ingest_corpus(retriever, collection, corpus)
+            result: dict = {}
+            for mode in modes:
+                result[mode] = _run_mode(retriever, collection, mode, query_ids, queries, qrels)
+            result["ingest_chunks_per_s"] = round(chunks_per_s, 1)
+            result["num_queries"] = len(query_ids)
+            result["num_chunks"] = len(retriever.vectors)
+            result["reranker"] = retriever.reranker.name
+            return result
+        finally:
+            documents = Document.objects.filter(collection=collection)
+            for document in documents:
+                document.file.delete(save=False)
+            Chunk.objects.filter(document__collection=collection).delete()
+            collection.delete()
+
+
+def _ingest_corpus(retriever: Retriever, collection: Collection, corpus: list[dict]) -> float:
+    documents = [
+        Document.objects.create(
+            collection=collection,
+            title=row["_id"],
+            file=ContentFile(
+                (f"{row.get('title', '')}\n\n{row['text']}").encode(), name=f"{row['_id']}.txt"
+            ),
+        )
+        for row in corpus
+    ]
+    started = time.perf_counter()
+    prepared = [prepare(document, retriever) for document in documents]
+    texts = [draft.text for p in prepared for draft in p.drafts]
+    vectors = embed(retriever, texts)
+    all_ids: list[int] = []
+    for item in prepared:
+        all_ids.extend(store(item)[1])
+    retriever.vectors.replace([], all_ids, vectors)
+    elapsed = time.perf_counter() - started
+    logger.info("ingested %d chunks in %.1fs", len(all_ids), elapsed)
+    return len(all_ids) / elapsed
+
+
+def _run_mode(retriever, collection, mode, query_ids, queries, qrels) -> dict:
+    totals: dict[str, float] = {}
+    latencies = []
+    for query_id in query_ids:
+        started = time.perf_counter()
+        hits = retriever.search(
+            queries[query_id], collection_ids=[collection.pk], top_k=30, mode=mode
+        )
+        latencies.append((time.perf_counter() - started) * 1000)
+        ranked: list[str] = []
+        for hit in hits:
+            if hit.document_title not in ranked:
+                ranked.append(hit.document_title)
+        for key, value in score_ranking(ranked, qrels[query_id]).items():
+            totals[key] = totals.get(key, 0.0) + value
+    count = max(len(query_ids), 1)
+    metrics = {key: round(value / count, 4) for key, value in totals.items()}
+    metrics["p50_ms"] = round(float(np.percentile(latencies, 50)), 1) if latencies else 0.0
+    metrics["p95_ms"] = round(float(np.percentile(latencies, 95)), 1) if latencies else 0.0
+    return metrics

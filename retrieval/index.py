@@ -1,0 +1,142 @@
+"""The faiss vector index: inner product over unit vectors, vector id = Chunk primary key.
+
+Persisted as one file in the data dir. The web server and the Celery workers are separate
+processes, so every change happens under an exclusive file lock: reload from disk, change, write
+to a temporary file and rename. Readers reload when the file changed since they last read it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+
+class UnreadableIndexError(Exception):
+    """The index file cannot be used as it is (corrupt, or made by another embedding model)."""
+
+
+class VectorIndex:
+    def __init__(self, path: Path, dimension: int) -> None:
+        self.path = Path(path)
+        self.dimension = dimension
+        self._lock_path = self.path.with_suffix(".lock")
+        self._thread_lock = threading.RLock()
+        self._index = self._empty()
+        self._loaded_stamp: tuple[int, int] | None = None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _empty(self) -> faiss.IndexIDMap2:
+        return faiss.IndexIDMap2(faiss.IndexFlatIP(self.dimension))
+
+    def _stamp(self) -> tuple[int, int] | None:
+        try:
+            stat = self.path.stat()
+        except FileNotFoundError:
+            return None
+        return (stat.st_mtime_ns, stat.st_size)
+
+    def _refresh(self) -> None:
+        stamp = self._stamp()
+        if stamp == self._loaded_stamp:
+            return
+        if stamp is None:
+            self._index = self._empty()
+        else:
+            try:
+                index = faiss.read_index(str(self.path))
+            except RuntimeError as error:
+                raise UnreadableIndexError(
+                    f"{self.path} is not a readable faiss index ({error}); "
+                    "run `manage.py rebuild_index`"
+                ) from None
+            if index.d != self.dimension:
+                raise UnreadableIndexError(
+                    f"{self.path} holds {index.d}-dimensional vectors but the embedding model "
+                    f"makes {self.dimension}; run `manage.py rebuild_index`"
+                )
+            self._index = index
+        self._loaded_stamp = stamp
+
+    @contextmanager
+    def _writing(self, *, reload: bool = True) -> Iterator[None]:
+        with self._thread_lock, open(self._lock_path, "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                if reload:
+                    self._refresh()
+                yield
+                temporary = self.path.with_suffix(f".tmp{os.getpid()}")
+                faiss.write_index(self._index, str(temporary))
+                os.replace(temporary, self.path)
+                self._loaded_stamp = self._stamp()
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
+
+    def replace(self, remove_ids: list[int], ids: list[int], vectors: np.ndarray) -> None:
+        """Remove `remove_ids` and add `vectors` under `ids`, as one change on disk."""
+        if len(ids) != len(vectors):
+            raise ValueError(f"{len(ids)} ids for {len(vectors)} vectors")
+        with self._writing():
+            all_remove = set(remove_ids) | set(ids)
+            if all_remove:
+                self._index.remove_ids(np.fromiter(all_remove, dtype=np.int64))
+            if ids:
+                self._index.add_with_ids(
+                    np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(ids, np.int64)
+                )
+
+    def remove(self, ids: list[int]) -> None:
+        self.replace(ids, [], np.zeros((0, self.dimension), np.float32))
+
+    def reset(self, ids: list[int], vectors: np.ndarray) -> None:
+        """Replace the whole index (rebuild); works over an unreadable file too."""
+        with self._writing(reload=False):
+            self._index = self._empty()
+            if ids:
+                self._index.add_with_ids(
+                    np.ascontiguousarray(vectors, dtype=np.float32), np.asarray(ids, np.int64)
+                )
+
+    def ids(self) -> set[int]:
+        with self._thread_lock:
+            self._refresh()
+            if self._index.ntotal == 0:
+                return set()
+            return set(faiss.vector_to_array(self._index.id_map).tolist())
+
+    def __len__(self) -> int:
+        with self._thread_lock:
+            self._refresh()
+            return int(self._index.ntotal)
+
+    def search(
+        self, query: np.ndarray, limit: int, allowed_ids: np.ndarray | None = None
+    ) -> list[tuple[int, float]]:
+        """(chunk id, cosine) best first; `allowed_ids` restricts the search to those ids."""
+        with self._thread_lock:
+            self._refresh()
+            if self._index.ntotal == 0 or limit <= 0:
+                return []
+            params = None
+            if allowed_ids is not None:
+                if len(allowed_ids) == 0:
+                    return []
+                params = faiss.SearchParameters(
+                    sel=faiss.IDSelectorBatch(np.asarray(allowed_ids, dtype=np.int64))
+                )
+            scores, ids = self._index.search(
+                np.ascontiguousarray(query.reshape(1, -1), dtype=np.float32),
+                min(limit, self._index.ntotal),
+                params=params,
+            )
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=False) if i >= 0]

@@ -1,0 +1,145 @@
+"""The ingestion pipeline of one document: read, extract, chunk, embed, store, index.
+
+Running it twice leaves the same chunks and vectors: the document's old chunks and their vectors
+are replaced, never added to. The database is written in one transaction; the index right after.
+A crash between the two leaves a mismatch that start-up repair (`consistency.py`) fixes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+
+from retrieval.chunking import ChunkDraft, chunk_sections
+from retrieval.extract import ExtractionError, extract, mime_type_for
+from retrieval.models import Chunk, Document
+from retrieval.progress import report
+from retrieval.search import Retriever
+
+logger = logging.getLogger(__name__)
+
+Status = Document.Status
+
+
+@dataclass(slots=True)
+class Prepared:
+    document: Document
+    drafts: list[ChunkDraft]
+
+
+def max_upload_bytes() -> int:
+    return settings.CACHET_MAX_UPLOAD_MB * 1024 * 1024
+
+
+def prepare(document: Document, retriever: Retriever) -> Prepared:
+    """Read, check, extract and chunk; raises ExtractionError with a readable reason."""
+    if not document.file:
+        raise ExtractionError("The document has no file.")
+    try:
+        with document.file.open("rb") as handle:
+            data = handle.read(max_upload_bytes() + 1)
+    except FileNotFoundError:
+        raise ExtractionError("The uploaded file is missing from storage.") from None
+    if len(data) > max_upload_bytes():
+        raise ExtractionError(
+            f"The file is larger than the upload limit of {settings.CACHET_MAX_UPLOAD_MB} MB."
+        )
+    document.size_bytes = len(data)
+    document.content_hash = hashlib.sha256(data).hexdigest()
+    document.mime_type = mime_type_for(document.file.name)
+    Document.objects.filter(pk=document.pk).update(
+        size_bytes=document.size_bytes,
+        content_hash=document.content_hash,
+        mime_type=document.mime_type,
+    )
+    sections = extract(data, document.file.name)
+    drafts = chunk_sections(
+        sections,
+        retriever.embedder.tokenizer,
+        settings.CACHET_CHUNK_TOKENS,
+        settings.CACHET_CHUNK_OVERLAP,
+    )
+    return Prepared(document, drafts)
+
+
+def store(prepared: Prepared) -> tuple[list[int], list[int]]:
+    """Replace the document's chunks in one transaction; returns (old ids, new ids)."""
+    document = prepared.document
+    with transaction.atomic():
+        old_ids = list(Chunk.objects.filter(document=document).values_list("id", flat=True))
+        Chunk.objects.filter(document=document).delete()
+        created = Chunk.objects.bulk_create(
+            Chunk(
+                document=document,
+                ordinal=ordinal,
+                text=draft.text,
+                token_count=draft.token_count,
+                char_start=draft.char_start,
+                char_end=draft.char_end,
+                page=draft.page,
+                heading_path=draft.heading_path,
+            )
+            for ordinal, draft in enumerate(prepared.drafts)
+        )
+        new_ids = [chunk.pk for chunk in created]
+        Document.objects.filter(pk=document.pk).update(status=Status.READY, progress=100, error="")
+    return old_ids, new_ids
+
+
+def embed(retriever: Retriever, texts: Sequence[str], on_batch=None) -> np.ndarray:
+    batch = max(1, retriever.embedder.batch_size)
+    parts = []
+    for start in range(0, len(texts), batch):
+        parts.append(retriever.embedder.encode(list(texts[start : start + batch])))
+        if on_batch is not None:
+            on_batch(min(start + batch, len(texts)), len(texts))
+    if not parts:
+        return np.zeros((0, retriever.embedder.dimension), np.float32)
+    return np.concatenate(parts)
+
+
+def fail(document: Document, reason: str) -> None:
+    """Mark failed and drop any chunks and vectors an earlier run left."""
+    old_ids = list(Chunk.objects.filter(document=document).values_list("id", flat=True))
+    Chunk.objects.filter(document=document).delete()
+    report(document, Status.FAILED, 0, reason)
+    if old_ids:
+        from retrieval.search import get_retriever
+
+        get_retriever().vectors.remove(old_ids)
+
+
+def ingest(document_id: int, retriever: Retriever) -> Document | None:
+    """Ingest one document; expected failures end as `failed` with a reason, not an exception."""
+    document = Document.objects.filter(pk=document_id).first()
+    if document is None:
+        logger.info("document %s no longer exists; nothing to ingest", document_id)
+        return None
+    report(document, Status.PROCESSING, 1)
+    try:
+        prepared = prepare(document, retriever)
+    except ExtractionError as error:
+        logger.info("document %s failed: %s", document_id, error)
+        fail(document, str(error))
+        return document
+    report(document, Status.PROCESSING, 10)
+    last = [10]
+
+    def on_batch(done: int, total: int) -> None:
+        percent = 10 + int(85 * done / max(total, 1))
+        if percent - last[0] >= 5 or done == total:
+            last[0] = percent
+            report(document, Status.PROCESSING, percent)
+
+    vectors = embed(retriever, [d.text for d in prepared.drafts], on_batch)
+    old_ids, new_ids = store(prepared)
+    retriever.vectors.replace(old_ids, new_ids, vectors)
+    report(document, Status.READY, 100)
+    logger.info("document %s ready: %d chunks", document_id, len(new_ids))
+    return document

@@ -1,0 +1,62 @@
+"""retrieval.consistency: the faiss index and the Chunk table are brought back into step."""
+# ruff: noqa: F811 - the `retriever` fixture is imported by name
+
+from __future__ import annotations
+
+import pytest
+
+import retrieval.search as search_module
+from retrieval.consistency import rebuild_index, repair_index
+from retrieval.ingest import ingest
+from retrieval.models import Chunk, Collection
+from tests.retrieval_fixtures import HANDBOOK, KITCHEN, add_document, retriever  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+
+def ingest_two(retriever) -> set[int]:
+    collection = Collection.objects.create(name="ops")
+    ingest(add_document(collection, "kitchen.txt", KITCHEN).pk, retriever)
+    ingest(add_document(collection, "handbook.md", HANDBOOK).pk, retriever)
+    return set(Chunk.objects.values_list("id", flat=True))
+
+
+def restart() -> search_module.Retriever:
+    """What a new process does: build the retriever, which checks and repairs the index."""
+    search_module._retriever = None
+    return search_module.get_retriever()
+
+
+def test_a_mismatched_index_is_repaired_and_can_be_rebuilt(retriever) -> None:
+    ids = ingest_two(retriever)
+    retriever.vectors.remove([min(ids)])
+    retriever.vectors.replace([], [999_999], retriever.embedder.encode(["stale"]))
+    report = repair_index(retriever)
+    assert (report.removed, report.added, report.rebuilt) == (1, 1, False)
+    assert retriever.vectors.ids() == ids
+    assert rebuild_index(retriever) == len(ids)
+    assert retriever.vectors.ids() == ids
+
+
+def test_a_deleted_index_file_is_rebuilt_at_start_up(retriever) -> None:
+    ids = ingest_two(retriever)
+    retriever.vectors.path.unlink()
+    assert restart().vectors.ids() == ids
+
+
+def test_a_corrupt_index_file_is_moved_aside_and_rebuilt_at_start_up(retriever) -> None:
+    ids = ingest_two(retriever)
+    path = retriever.vectors.path
+    path.write_bytes(path.read_bytes()[:100])  # truncated, as by a full disk
+    fresh = restart()
+    assert fresh.vectors.ids() == ids
+    assert list(path.parent.glob(f"{path.name}.unreadable-*"))
+    hits = search_module.search("paid holiday", top_k=1, mode="dense")
+    assert hits[0].document_title == "handbook.md"
+
+
+def test_a_consistent_index_is_left_alone(retriever) -> None:
+    ingest_two(retriever)
+    stamp = retriever.vectors.path.stat().st_mtime_ns
+    assert (repair_index(retriever).removed, repair_index(retriever).added) == (0, 0)
+    assert retriever.vectors.path.stat().st_mtime_ns == stamp
