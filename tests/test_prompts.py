@@ -117,7 +117,7 @@ def test_a_second_turn_is_served_from_the_prefix_cache_of_the_first(builder, cha
     from inference.engine.sampling_params import SamplingParams
 
     greedy = SamplingParams(temperature=0, max_tokens=24)
-    config = EngineConfig(model_dir=chat_model_dir, kv_cache_mb=64, max_model_len=2048)
+    config = EngineConfig(model_dir=chat_model_dir, kv_cache_mb=128, max_model_len=2048)
     with Engine(config) as engine:
         first = builder.build([], "Name three colours.", max_tokens=24)
         [answer] = engine.generate([first.token_ids], greedy)
