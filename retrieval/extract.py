@@ -84,31 +84,53 @@ def _paragraph_sections(text: str, heading_path: list[str] | None = None) -> lis
     return [Section(text.strip(), None, list(heading_path or []))] if text.strip() else []
 
 
-def _markdown_sections(text: str) -> list[Section]:
-    sections: list[Section] = []
-    headings: list[tuple[int, str]] = []
-    lines: list[str] = []
-    in_code = False
+class SectionBuilder:
+    """Collects text blocks into sections, each tagged with the headings above it."""
 
-    def flush() -> None:
-        body = "\n".join(lines).strip()
+    def __init__(self, joiner: str = "\n\n") -> None:
+        self.joiner = joiner
+        self.sections: list[Section] = []
+        self.headings: list[tuple[int, str]] = []  # (level, text), outermost first
+        self.blocks: list[str] = []
+
+    @property
+    def heading_path(self) -> list[str]:
+        return [text for _, text in self.headings]
+
+    def add_text(self, text: str) -> None:
+        self.blocks.append(text)
+
+    def add_heading(self, level: int, text: str) -> None:
+        """A heading ends the current section and replaces those at its level or below."""
+        self.flush()
+        self.headings = [(lvl, h) for lvl, h in self.headings if lvl < level]
+        self.headings.append((level, text))
+
+    def add_section(self, body: str) -> None:
         if body:
-            sections.append(Section(body, None, [h for _, h in headings]))
-        lines.clear()
+            self.sections.append(Section(body, None, self.heading_path))
 
+    def flush(self) -> None:
+        self.add_section(self.joiner.join(self.blocks).strip())
+        self.blocks.clear()
+
+    def finish(self) -> list[Section]:
+        self.flush()
+        return self.sections
+
+
+def _markdown_sections(text: str) -> list[Section]:
+    builder = SectionBuilder(joiner="\n")
+    in_code = False
     for line in text.splitlines():
         if line.lstrip().startswith("```"):
             in_code = not in_code
         match = None if in_code else MARKDOWN_HEADING.match(line)
         if match:
-            flush()
-            level = len(match.group(1))
-            headings[:] = [(lvl, h) for lvl, h in headings if lvl < level]
-            headings.append((level, match.group(2)))
+            builder.add_heading(len(match.group(1)), match.group(2))
         else:
-            lines.append(line)
-    flush()
-    return sections
+            builder.add_text(line)
+    return builder.finish()
 
 
 def _html_sections(data: bytes) -> list[Section]:
@@ -117,16 +139,7 @@ def _html_sections(data: bytes) -> list[Section]:
     soup = BeautifulSoup(data, "html.parser")
     for tag in soup(["script", "style", "noscript", "template", "head"]):
         tag.decompose()
-    sections: list[Section] = []
-    headings: list[tuple[int, str]] = []
-    paragraphs: list[str] = []
-
-    def flush() -> None:
-        body = "\n\n".join(paragraphs).strip()
-        if body:
-            sections.append(Section(body, None, [h for _, h in headings]))
-        paragraphs.clear()
-
+    builder = SectionBuilder()
     blocks = ["h1", "h2", "h3", "h4", "h5", "h6", "p", "li", "pre", "td", "th", "blockquote"]
     found = soup.find_all(blocks)
     if not found:
@@ -138,14 +151,10 @@ def _html_sections(data: bytes) -> list[Section]:
         if not text:
             continue
         if element.name[0] == "h" and element.name[1:].isdigit():
-            flush()
-            level = int(element.name[1:])
-            headings[:] = [(lvl, h) for lvl, h in headings if lvl < level]
-            headings.append((level, text))
+            builder.add_heading(int(element.name[1:]), text)
         else:
-            paragraphs.append(text)
-    flush()
-    return sections
+            builder.add_text(text)
+    return builder.finish()
 
 
 def _pdf_sections(data: bytes) -> list[Section]:
@@ -185,35 +194,20 @@ def _docx_sections(data: bytes) -> list[Section]:
         document = DocxDocument(io.BytesIO(data))
     except (PackageNotFoundError, zipfile.BadZipFile, KeyError, ValueError) as error:
         raise ExtractionError(f"The Word file is corrupt or not a .docx file ({error}).") from None
-    sections: list[Section] = []
-    headings: list[tuple[int, str]] = []
-    paragraphs: list[str] = []
-
-    def flush() -> None:
-        body = "\n\n".join(paragraphs).strip()
-        if body:
-            sections.append(Section(body, None, [h for _, h in headings]))
-        paragraphs.clear()
-
+    builder = SectionBuilder()
     for paragraph in document.paragraphs:
         text = paragraph.text.strip()
         if not text:
             continue
         style = (paragraph.style.name if paragraph.style is not None else "") or ""
         if style.startswith("Heading") and style[7:].strip().isdigit():
-            flush()
-            level = int(style[7:].strip())
-            headings[:] = [(lvl, h) for lvl, h in headings if lvl < level]
-            headings.append((level, text))
+            builder.add_heading(int(style[7:].strip()), text)
         elif style == "Title":
-            flush()
-            headings[:] = [(0, text)]
+            builder.add_heading(0, text)  # level 0: replaces every heading, as before
         else:
-            paragraphs.append(text)
-    flush()
+            builder.add_text(text)
+    builder.flush()
     for table in document.tables:
         rows = [" | ".join(cell.text.strip() for cell in row.cells) for row in table.rows]
-        body = "\n".join(r for r in rows if r.strip(" |"))
-        if body:
-            sections.append(Section(body, None, [h for _, h in headings]))
-    return sections
+        builder.add_section("\n".join(r for r in rows if r.strip(" |")))
+    return builder.sections
