@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -39,7 +39,6 @@ class EngineState:
     status: str = "not_started"  # not_started, loading, ready, error
     error: str = ""
     generation: int = 0  # bumps on every (re)load request, so a stale load never wins
-    sampling_defaults: dict = field(default_factory=dict)
 
 
 _state = EngineState()
@@ -60,16 +59,6 @@ def engine_config_for(model_config: ModelConfig | None) -> EngineConfig:
         max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=config.enable_prefix_caching,
     )
-
-
-def sampling_defaults_for(model_config: ModelConfig | None) -> dict:
-    config = model_config or ModelConfig(name="default")
-    return {
-        "temperature": config.temperature,
-        "top_p": config.top_p,
-        "top_k": config.top_k,
-        "max_tokens": config.max_tokens,
-    }
 
 
 def start_engine(*, wait: bool = False) -> None:
@@ -131,7 +120,6 @@ def _load(model_config: ModelConfig | None, name: str, generation: int) -> None:
                 "ready",
                 "",
             )
-            _state.sampling_defaults = sampling_defaults_for(model_config)
     if stale is not None:
         stale.shutdown()
         return
@@ -158,11 +146,6 @@ def get_engine() -> Engine:
     if status == "error":
         raise EngineUnavailable(f"the model could not be loaded: {error}")
     raise EngineUnavailable("the engine is not started in this process")
-
-
-def sampling_defaults() -> dict:
-    with _lock:
-        return dict(_state.sampling_defaults)
 
 
 def engine_status() -> dict:
