@@ -12,9 +12,9 @@ from django.db import models, transaction
 
 from chatsite.env import ConfigError, read_model_source
 from inference.engine.config import parse_dtype
+from inference.engine.kv_cache import KVCacheSpec
+from inference.engine.loader import SUPPORTED_MODEL_TYPES
 from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_chat_model
-
-SUPPORTED_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 
 
 class ModelConfig(models.Model):
@@ -137,12 +137,16 @@ class ModelConfig(models.Model):
         return errors
 
     def min_kv_cache_mb(self, config: dict) -> int:
-        num_kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-        bytes_per_token = 2 * config["num_hidden_layers"] * num_kv_heads * head_dim
-        bytes_per_token *= parse_dtype(self.dtype).itemsize
+        num_heads = config["num_attention_heads"]
+        spec = KVCacheSpec(
+            num_layers=config["num_hidden_layers"],
+            num_kv_heads=config.get("num_key_value_heads") or num_heads,
+            head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
+            block_size=self.block_size,
+            dtype=parse_dtype(self.dtype),
+        )
         num_blocks = -(-self.max_model_len // self.block_size)
-        return -(-num_blocks * self.block_size * bytes_per_token // (1024 * 1024))
+        return -(-num_blocks * spec.bytes_per_block // (1024 * 1024))
 
     def activate(self) -> None:
         """Make this the one active configuration (the caller reloads the engine)."""
