@@ -8,12 +8,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 # NOTE: must run before importing anything that touches models (consumers, routing).
 django_asgi_app = get_asgi_application()
 
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.conf import settings  # noqa: E402
 
-from frontend.routing import websocket_urlpatterns  # noqa: E402
+from chatsite.websockets import websocket_application  # noqa: E402
 from inference import runtime  # noqa: E402
 
 if settings.CACHET_START_ENGINE:
@@ -23,8 +21,6 @@ if settings.CACHET_START_ENGINE:
 application = ProtocolTypeRouter(
     {
         "http": django_asgi_app,
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
-        ),
+        "websocket": websocket_application(),
     }
 )

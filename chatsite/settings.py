@@ -56,6 +56,11 @@ try:
     if CACHET_CHUNK_OVERLAP * 2 >= CACHET_CHUNK_TOKENS:
         raise env.ConfigError("CACHET_CHUNK_OVERLAP", "must be under half of CACHET_CHUNK_TOKENS")
     # --- end Retrieval ---
+    # --- Chat (chat/) ---
+    CACHET_MAX_MESSAGE_CHARS = env.read_int(
+        os.environ, "CACHET_MAX_MESSAGE_CHARS", default=8000, minimum=1
+    )
+    # --- end Chat ---
 except env.ConfigError as error:
     raise ImproperlyConfigured(f"Bad setting {error}") from None
 
@@ -76,6 +81,7 @@ INSTALLED_APPS = [
     "channels",
     "inference",
     "retrieval",
+    "chat",
     "frontend",
 ]
 
@@ -167,7 +173,9 @@ STORAGES = {
 WHITENOISE_MANIFEST_STRICT = False
 if DEBUG:
     STORAGES["staticfiles"] = {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"

@@ -8,5 +8,6 @@ urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("chat/api/", include("chat.urls")),
     path("", include("frontend.urls")),
 ]

@@ -13,7 +13,9 @@ A prefix cache only hits on identical token prefixes (see DESIGN.md, "Prompt lay
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -93,13 +95,21 @@ class PromptBuilder:
         *,
         max_model_len: int,
         drop_step_turns: int = DEFAULT_DROP_STEP_TURNS,
+        tokenizer_lock: threading.Lock | None = None,
     ) -> None:
+        """`tokenizer_lock`: held while tokenizing when others share the tokenizer (the engine)."""
         if drop_step_turns < 1:
             raise ValueError(f"drop_step_turns must be >= 1, got {drop_step_turns}")
         self.tokenizer = tokenizer
-        self.joins = template_joins(tokenizer)
         self.max_model_len = max_model_len
         self.drop_step_turns = drop_step_turns
+        self._tokenizer_lock = tokenizer_lock or contextlib.nullcontext()
+        with self._tokenizer_lock:
+            self._init_ids(system_prompt)
+
+    def _init_ids(self, system_prompt: str) -> None:
+        tokenizer = self.tokenizer
+        self.joins = template_joins(tokenizer)
         if self.joins.user_to_assistant != self.joins.generation_prompt:
             # NOTE: then an answer's history form differs from its generation prompt, and the
             # cache hits only up to the previous user turn. Correct, just slower.
@@ -119,8 +129,9 @@ class PromptBuilder:
         """The prompt for `message` after `history` (alternating user/assistant, user first)."""
         _check_alternation(history)
         budget = self.max_model_len - max_tokens
-        message_ids = self._text(message) + self._generation_ids
-        turn_ids = [self._turn_ids(turn) for turn in history]
+        with self._tokenizer_lock:
+            message_ids = self._text(message) + self._generation_ids
+            turn_ids = [self._turn_ids(turn) for turn in history]
         fixed = len(self.prefix_ids) + len(message_ids)
         if fixed > budget:
             raise ContextOverflowError(fixed, budget)

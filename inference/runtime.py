@@ -13,13 +13,14 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError
 
 from inference.engine.config import EngineConfig
 from inference.engine.engine import Engine
-from inference.model_files import resolve_chat_model
+from inference.model_files import BUNDLED_CHAT_FILE, resolve_chat_model
 from inference.models import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -36,6 +37,7 @@ class EngineUnavailable(RuntimeError):
 class EngineState:
     engine: Engine | None = None
     config_name: str = ""
+    model_name: str = ""  # what the engine serves, as users and API clients name it
     status: str = "not_started"  # not_started, loading, ready, error
     error: str = ""
     generation: int = 0  # bumps on every (re)load request, so a stale load never wins
@@ -59,6 +61,14 @@ def engine_config_for(model_config: ModelConfig | None) -> EngineConfig:
         max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=config.enable_prefix_caching,
     )
+
+
+def served_model_name(model_config: ModelConfig | None) -> str:
+    """The served model's name: its configured source, or the bundled model's name."""
+    source = (model_config.effective_source if model_config else settings.CACHET_MODEL) or ""
+    if not source:
+        return Path(BUNDLED_CHAT_FILE).name.split(".")[0]
+    return source.rstrip("/")
 
 
 def start_engine(*, wait: bool = False) -> None:
@@ -120,6 +130,7 @@ def _load(model_config: ModelConfig | None, name: str, generation: int) -> None:
                 "ready",
                 "",
             )
+            _state.model_name = served_model_name(model_config)
     if stale is not None:
         stale.shutdown()
         return
@@ -134,6 +145,13 @@ def _drain(engine: Engine, grace_s: float = DRAIN_GRACE_S) -> None:
         time.sleep(DRAIN_POLL_S)
     # NOTE: whatever still runs after the grace period ends with finish_reason "abort".
     engine.shutdown()
+
+
+def get_engine_and_model() -> tuple[Engine, str]:
+    """The engine with the name of the model it serves (read together, so they agree)."""
+    engine = get_engine()
+    with _lock:
+        return engine, _state.model_name if _state.engine is engine else ""
 
 
 def get_engine() -> Engine:
@@ -153,6 +171,7 @@ def engine_status() -> dict:
         return {
             "status": _state.status,
             "config": _state.config_name,
+            "model": _state.model_name,
             "error": _state.error,
         }
 
@@ -162,6 +181,7 @@ def stop_engine() -> None:
     with _lock:
         engine, _state.engine = _state.engine, None
         _state.status, _state.config_name, _state.error = "not_started", "", ""
+        _state.model_name = ""
         _state.generation += 1
     if engine is not None:
         engine.shutdown()

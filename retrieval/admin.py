@@ -15,7 +15,7 @@ from django.utils.html import format_html
 
 from retrieval.forms import SearchPreviewForm, UploadForm
 from retrieval.models import Chunk, Collection, Document
-from retrieval.tasks import enqueue_ingest
+from retrieval.tasks import add_upload, enqueue_ingest
 
 
 @admin.register(Collection)
@@ -105,14 +105,7 @@ class DocumentAdmin(admin.ModelAdmin):
             collection = form.cleaned_data["collection"]
             with transaction.atomic():
                 for upload in form.cleaned_data["files"]:
-                    document = Document.objects.create(
-                        collection=collection,
-                        title=Path(upload.name).name,
-                        file=upload,
-                        size_bytes=upload.size,
-                        created_by=request.user,
-                    )
-                    enqueue_ingest(document)
+                    add_upload(collection, upload, request.user)
             count = len(form.cleaned_data["files"])
             messages.success(request, f"{count} file(s) uploaded to {collection}; ingesting.")
             return redirect(reverse("admin:retrieval_document_changelist"))

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.files.uploadedfile import UploadedFile
 from django.db import OperationalError, transaction
 
-from retrieval.models import Document
+from retrieval.models import Collection, Document
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +76,18 @@ def enqueue_ingest(document: Document) -> None:
     document.status, document.progress, document.error = Document.Status.QUEUED, 0, ""
     document_id = document.pk
     transaction.on_commit(lambda: ingest_document.delay(document_id))
+
+
+def add_upload(
+    collection: Collection, upload: UploadedFile, user: AbstractBaseUser | None
+) -> Document:
+    """Store an uploaded file as a new document of `collection` and queue its ingestion."""
+    document = Document.objects.create(
+        collection=collection,
+        title=Path(upload.name).name,
+        file=upload,
+        size_bytes=upload.size,
+        created_by=user,
+    )
+    enqueue_ingest(document)
+    return document

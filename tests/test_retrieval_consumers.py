@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from channels.auth import AuthMiddlewareStack
 from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
-from channels.routing import URLRouter
-from channels.security.websocket import AllowedHostsOriginValidator
-from channels.testing import WebsocketCommunicator
-from django.conf import settings
-from django.contrib.auth.models import User
-from django.test import Client
 
-from frontend.routing import websocket_urlpatterns
 from retrieval.consumers import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND
 from retrieval.models import Collection, Document
 from retrieval.progress import group_name
-
-# NOTE: the stack of chatsite/asgi.py, built here because importing that module starts the engine.
-APPLICATION = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns)))
+from tests.websocket_helpers import communicator, make_user
 
 # NOTE: also in the integration pass, where the channel layer is Redis as in production.
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.integration]
@@ -33,30 +23,13 @@ def make_document() -> Document:
     )
 
 
-@database_sync_to_async
-def make_user(name: str, *, is_staff: bool) -> User:
-    return User.objects.create_user(name, is_staff=is_staff)
-
-
-@database_sync_to_async
-def session_cookie(user: User) -> str:
-    client = Client()
-    client.force_login(user)
-    return client.cookies[settings.SESSION_COOKIE_NAME].value
-
-
-async def communicator(document_id: int, user: User | None) -> WebsocketCommunicator:
-    """A socket through the real routes and auth middleware, logged in as `user` if given."""
-    headers = [(b"origin", b"http://localhost"), (b"host", b"localhost")]
-    if user is not None:
-        cookie = await session_cookie(user)
-        headers.append((b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()))
-    return WebsocketCommunicator(APPLICATION, f"/ws/documents/{document_id}/progress/", headers)
+async def progress_socket(document_id: int, user):
+    return await communicator(f"/ws/documents/{document_id}/progress/", user)
 
 
 async def test_staff_get_the_current_state_then_live_progress_events() -> None:
     document = await make_document()
-    ws = await communicator(document.pk, await make_user("staff", is_staff=True))
+    ws = await progress_socket(document.pk, await make_user("staff", is_staff=True))
     try:
         connected, _ = await ws.connect()
         assert connected
@@ -87,7 +60,7 @@ async def test_progress_reported_by_ingestion_reaches_the_socket() -> None:
     from retrieval.progress import report
 
     document = await make_document()
-    ws = await communicator(document.pk, await make_user("staff", is_staff=True))
+    ws = await progress_socket(document.pk, await make_user("staff", is_staff=True))
     try:
         assert (await ws.connect())[0]
         await ws.receive_json_from()
@@ -101,7 +74,7 @@ async def test_progress_reported_by_ingestion_reaches_the_socket() -> None:
 async def test_non_staff_and_anonymous_connections_are_refused(who: str) -> None:
     document = await make_document()
     user = None if who == "anonymous" else await make_user("member", is_staff=False)
-    ws = await communicator(document.pk, user)
+    ws = await progress_socket(document.pk, user)
     try:
         connected, code = await ws.connect()
         assert not connected and code == CLOSE_FORBIDDEN
@@ -110,7 +83,7 @@ async def test_non_staff_and_anonymous_connections_are_refused(who: str) -> None
 
 
 async def test_an_unknown_document_is_refused() -> None:
-    ws = await communicator(987_654, await make_user("staff", is_staff=True))
+    ws = await progress_socket(987_654, await make_user("staff", is_staff=True))
     try:
         connected, code = await ws.connect()
         assert not connected and code == CLOSE_NOT_FOUND

@@ -26,7 +26,12 @@ def test_without_a_configuration_the_default_model_is_served() -> None:
     with pytest.raises(runtime.EngineUnavailable, match="not started"):
         runtime.get_engine()
     runtime.start_engine(wait=True)
-    assert runtime.engine_status() == {"status": "ready", "config": "default", "error": ""}
+    assert runtime.engine_status() == {
+        "status": "ready",
+        "config": "default",
+        "model": "SmolLM2-135M-Instruct",
+        "error": "",
+    }
     [result] = runtime.get_engine().generate(["The capital of France is"], GREEDY)
     assert result.usage.completion_tokens == 8
 

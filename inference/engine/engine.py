@@ -94,7 +94,9 @@ class Engine:
         self._commands: list[tuple[str, object]] = []
         self._live_request_ids: set[str] = set()
         self._is_closed = False
-        self._tokenizer_lock = threading.Lock()
+        # NOTE: HF fast tokenizers fail ("Already borrowed") when two threads encode at once;
+        # whoever uses `tokenizer` outside the engine holds this lock.
+        self.tokenizer_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run_loop, name="cachet-engine", daemon=True)
         self._thread.start()
         logger.info(
@@ -212,7 +214,7 @@ class Engine:
         if isinstance(prompt, str):
             # NOTE: HF fast tokenizers may flip their truncation settings inside encode, which
             # fails ("Already borrowed") when two threads encode at once.
-            with self._tokenizer_lock:
+            with self.tokenizer_lock:
                 token_ids = self.tokenizer.encode(prompt)
         else:
             token_ids = list(prompt)

@@ -1,0 +1,46 @@
+"""The newest user turn as the model sees it: retrieved passages, today's facts, the question.
+
+Everything dynamic lives here, never in the system prompt (DESIGN.md, "Prompt layout"): the
+turn is stored with the message and replayed verbatim in later prompts, so it stays cached.
+"""
+
+from __future__ import annotations
+
+import datetime
+
+from retrieval.search import SearchHit
+
+SNIPPET_CHARS = 2000
+
+
+def source_json(number: int, hit: SearchHit) -> dict:
+    """The protocol's Source (docs/chat-protocol.md) for citation `[number]`."""
+    return {
+        "n": number,
+        "chunk_id": hit.chunk_id,
+        "document_id": hit.document_id,
+        "document_title": hit.document_title,
+        "collection": hit.collection_name,
+        "page": hit.page,
+        "heading_path": list(hit.heading_path),
+        "snippet": hit.text[:SNIPPET_CHARS],
+        "score": round(float(hit.score), 4),
+        "url": f"/documents/{hit.document_id}/#chunk-{hit.chunk_id}",
+    }
+
+
+def user_turn_text(
+    question: str, hits: list[SearchHit], *, user_name: str, today: datetime.date
+) -> str:
+    """The user turn with numbered passages first, so "[n]" in the answer names a source."""
+    parts = []
+    if hits:
+        parts.append("Context passages from the team's documents:")
+        for number, hit in enumerate(hits, start=1):
+            where = " > ".join([hit.document_title, *hit.heading_path])
+            if hit.page is not None:
+                where += f" (page {hit.page})"
+            parts.append(f"[{number}] {where}\n{hit.text.strip()}")
+    parts.append(f"Today is {today:%A, %B %-d, %Y}. I am {user_name}.")
+    parts.append(f"Question: {question.strip()}" if hits else question.strip())
+    return "\n\n".join(parts)

@@ -1,0 +1,189 @@
+"""Conversations, their messages, and the assistant profiles that answer them.
+
+A user's conversations are theirs alone: every lookup goes through `Conversation.objects.owned_by`.
+Messages keep what the prompt builder needs to rebuild the exact same prompt on the next turn (the
+user turn as the model saw it, the answer's token ids), so the prefix cache hits.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+
+from retrieval.models import Collection
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are Cachet, a helpful assistant for a team. Answer the question using the numbered "
+    "context passages from the team's documents when they are relevant, and cite them like [1]. "
+    "If the passages do not contain the answer, say so briefly and answer from general knowledge. "
+    "Be concise and use Markdown."
+)
+DEFAULT_PROFILE_NAME = "Assistant"
+TITLE_MAX_CHARS = 80
+
+
+class AssistantProfile(models.Model):
+    """A fixed system prompt with its default collections and sampling settings.
+
+    The system prompt is the cached prefix of every chat with this profile: keep dynamic data
+    (names, dates) out of it. Empty sampling fields fall back to the active model configuration.
+    """
+
+    name = models.CharField(max_length=100, unique=True)
+    system_prompt = models.TextField(default=DEFAULT_SYSTEM_PROMPT)
+    collections = models.ManyToManyField(
+        Collection,
+        blank=True,
+        related_name="+",
+        help_text="Searched by new chats with this profile (only those the user may read).",
+    )
+    temperature = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
+    )
+    top_p = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)]
+    )
+    top_k = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
+    max_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)]
+    )
+    search_top_k = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(20)],
+        help_text="Chunks put into the prompt; empty: the CACHET_SEARCH_TOP_K setting.",
+    )
+    is_default = models.BooleanField(default=False, help_text="Used by new chats by default.")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-is_default", "name"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["is_default"],
+                condition=models.Q(is_default=True),
+                name="one_default_assistant_profile",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args, **kwargs) -> None:
+        if self.is_default:
+            AssistantProfile.objects.filter(is_default=True).exclude(pk=self.pk).update(
+                is_default=False
+            )
+        super().save(*args, **kwargs)
+
+    @classmethod
+    def default(cls) -> AssistantProfile:
+        """The default profile, created with the built-in system prompt if there is none."""
+        profile = cls.objects.filter(is_default=True).first() or cls.objects.first()
+        if profile is None:
+            profile, _ = cls.objects.get_or_create(
+                name=DEFAULT_PROFILE_NAME, defaults={"is_default": True}
+            )
+        return profile
+
+
+class ConversationQuerySet(models.QuerySet):
+    def owned_by(self, user: AbstractBaseUser | AnonymousUser) -> ConversationQuerySet:
+        if not user.is_authenticated or not user.is_active:
+            return self.none()
+        return self.filter(owner=user)
+
+
+class Conversation(models.Model):
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    profile = models.ForeignKey(
+        AssistantProfile, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    collections = models.ManyToManyField(Collection, blank=True, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    objects = ConversationQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.pk}"
+
+
+class Message(models.Model):
+    class Role(models.TextChoices):
+        USER = "user"
+        ASSISTANT = "assistant"
+
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    role = models.CharField(max_length=10, choices=Role.choices)
+    content = models.TextField()
+    # The user turn as the model saw it (retrieved passages + question); kept so later turns
+    # rebuild the identical prompt prefix. Empty for answers.
+    prompt_content = models.TextField(blank=True)
+    # The answer's token ids (without eos) from `model`; reused in history when the model matches.
+    token_ids = models.JSONField(null=True, blank=True)
+    sources = models.JSONField(default=list, blank=True)
+    seed = models.BigIntegerField(null=True, blank=True)
+    ttft_s = models.FloatField(null=True, blank=True)
+    tokens_per_s = models.FloatField(null=True, blank=True)
+    total_s = models.FloatField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=16, blank=True)
+    model = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.content[:60]}"
+
+    @property
+    def stats(self) -> dict | None:
+        if self.role != self.Role.ASSISTANT:
+            return None
+        return {
+            "ttft_s": self.ttft_s,
+            "tokens_per_s": self.tokens_per_s,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_s": self.total_s,
+            "model": self.model,
+        }
+
+    def as_json(self) -> dict:
+        """The protocol's Message (docs/chat-protocol.md)."""
+        is_answer = self.role == self.Role.ASSISTANT
+        return {
+            "id": self.pk,
+            "role": self.role,
+            "content": self.content,
+            "sources": self.sources if is_answer else [],
+            "stats": self.stats,
+            "finish_reason": (self.finish_reason or None) if is_answer else None,
+            "created_at": self.created_at.isoformat() if self.created_at else None,
+        }
+
+
+def title_from(question: str) -> str:
+    """A chat title from its first question: one line, cut at a word boundary."""
+    line = " ".join(question.split())
+    if len(line) <= TITLE_MAX_CHARS:
+        return line or "New chat"
+    cut = line[: TITLE_MAX_CHARS - 1].rsplit(" ", 1)[0]
+    return f"{cut or line[: TITLE_MAX_CHARS - 1]}…"
