@@ -1,0 +1,52 @@
+"""chat.context: the newest user turn (passages, today's facts, question) and its sources."""
+
+from __future__ import annotations
+
+import datetime
+
+from chat.context import source_json, user_turn_text
+from retrieval.search import SearchHit
+
+
+def hit(chunk_id: int, text: str, **fields) -> SearchHit:
+    defaults = dict(
+        score=0.5, document_id=3, document_title="handbook.md", collection_id=1,
+        collection_name="HR", ordinal=0, page=None, char_start=0, char_end=len(text),
+    )  # fmt: skip
+    return SearchHit(chunk_id=chunk_id, text=text, **(defaults | fields))
+
+
+TODAY = datetime.date(2026, 11, 29)
+
+
+def test_passages_are_numbered_before_the_question_with_their_place_in_the_document():
+    hits = [hit(7, "Thirty days.", heading_path=["Leave"]), hit(8, "Trains.", page=4)]
+    text = user_turn_text("How long is leave?", hits, user_name="Alice", today=TODAY)
+    assert text == (
+        "Context passages from the team's documents:\n\n"
+        "[1] handbook.md > Leave\nThirty days.\n\n"
+        "[2] handbook.md (page 4)\nTrains.\n\n"
+        "Today is Sunday, November 29, 2026. I am Alice.\n\n"
+        "Question: How long is leave?"
+    )
+
+
+def test_without_passages_the_turn_is_the_question_after_todays_facts():
+    text = user_turn_text(" Hi ", [], user_name="Bob", today=TODAY)
+    assert text == "Today is Sunday, November 29, 2026. I am Bob.\n\nHi"
+
+
+def test_a_source_links_to_its_chunk_in_the_document_page():
+    source = source_json(2, hit(8, "Trains.", page=4, score=0.123456))
+    assert source == {
+        "n": 2,
+        "chunk_id": 8,
+        "document_id": 3,
+        "document_title": "handbook.md",
+        "collection": "HR",
+        "page": 4,
+        "heading_path": [],
+        "snippet": "Trains.",
+        "score": 0.1235,
+        "url": "/documents/3/#chunk-8",
+    }
