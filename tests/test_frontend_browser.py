@@ -33,6 +33,7 @@ from retrieval.search import get_retriever
 
 alice = User.objects.create_user("alice", password="alice-secret-pw")
 User.objects.create_user("bob", password="bob-secret-pw")
+User.objects.create_user("carol", password="carol-secret-pw", is_staff=True)
 handbook = Collection.objects.create(name="Handbook")
 handbook.readers.add(alice)
 document = Document.objects.create(
@@ -182,3 +183,18 @@ def test_a_second_user_cannot_open_the_first_users_chat(browser, server) -> None
     api = bob.request.get(f"{server.url}/chat/api/conversations/{conversation_id}/")
     assert api.status == 404
     bob.context.close()
+
+
+def test_staff_upload_a_document_and_watch_it_become_ready(browser, server, tmp_path) -> None:
+    page = log_in(browser, server, "carol", "carol-secret-pw")
+    notes = tmp_path / "office-notes.md"
+    notes.write_text("# Office\n\nThe office kitchen is cleaned every Friday afternoon.\n")
+    page.click("#upload-details > summary")
+    page.select_option("#upload-collection", label="Handbook")
+    page.set_input_files("#upload-file", str(notes))
+    page.click("#upload-button")
+    progress = page.locator(".upload-progress").first
+    page.wait_for_selector('.upload-progress[data-status="ready"]')
+    assert "office-notes.md" in progress.inner_text()
+    assert "Ready" in progress.inner_text()
+    page.context.close()
