@@ -15,7 +15,6 @@ from django.db import transaction
 
 from chat.errors import ChatError
 from chat.models import AssistantProfile, Conversation, Message, title_from
-from inference.engine.outputs import Usage
 from inference.models import ModelConfig
 from retrieval.models import Collection
 
@@ -154,30 +153,22 @@ def save_question_context(question: Message) -> None:
 
 
 @database_sync_to_async
-def save_answer(
-    begun: BegunTurn,
-    *,
-    content: str,
-    token_ids: list[int],
-    usage: Usage | None,
-    num_prompt_tokens: int,
-    finish_reason: str,
-    seed: int | None,
-    model_name: str,
-) -> Message:
+def save_answer(begun: BegunTurn, answer, *, seed: int | None) -> Message:
+    """Save `answer` (a chat.turn.Answer) as the reply to the turn's question."""
     conversation = begun.conversation
+    usage = answer.usage
     message = Message(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
-        content=content,
-        token_ids=token_ids,
-        sources=begun.question.sources,
+        content=answer.text,
+        token_ids=answer.token_ids,
+        sources=answer.sources,
         seed=seed,
-        finish_reason=finish_reason,
-        model=model_name,
-        prompt_tokens=usage.prompt_tokens if usage else num_prompt_tokens,
+        finish_reason=answer.finish_reason or "",
+        model=answer.model_name,
+        prompt_tokens=usage.prompt_tokens if usage else answer.num_prompt_tokens,
         cached_tokens=usage.cached_tokens if usage else None,
-        completion_tokens=usage.completion_tokens if usage else len(token_ids),
+        completion_tokens=usage.completion_tokens if usage else len(answer.token_ids),
         ttft_s=usage.ttft_s if usage else None,
         tokens_per_s=usage.tokens_per_s if usage else None,
         total_s=usage.total_s if usage else None,

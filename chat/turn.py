@@ -29,7 +29,8 @@ from chat.prompting import prompt_builder_for, sampling_params_for
 from inference import runtime
 from inference.engine.engine import Engine
 from inference.engine.outputs import Delta, EngineClosedError, RequestFailedError, Usage
-from inference.prompts import ContextOverflowError, Turn
+from inference.engine.sampling_params import SamplingParams
+from inference.prompts import Turn
 from retrieval.search import search
 
 logger = logging.getLogger(__name__)
@@ -91,91 +92,149 @@ TurnEvent = TurnStarted | SourcesFound | TokenDelta | TurnDone
 
 
 @dataclass(slots=True)
-class _Answer:
+class TurnInput:
+    """What one answer is made from, wherever the question came from (chat or REST API).
+
+    `history` holds earlier turns, oldest first, alternating user/assistant: `Turn`s, or saved
+    `Message`s (whose answers replay the model's own token ids). `prompt_content` is the newest
+    user turn as the model saw it, when known (regenerating); otherwise it is built here from the
+    question and the passages retrieved from `collection_ids`.
+    """
+
+    user: AbstractBaseUser
+    question: str
+    system_prompt: str
+    params: SamplingParams
+    history: list[Turn | Message] = field(default_factory=list)
+    collection_ids: list[int] = field(default_factory=list)
+    search_top_k: int | None = None
+    prompt_content: str | None = None
+    sources: list[dict] = field(default_factory=list)
+    request_id_prefix: str = "chat"
+    cache_salt: str | None = None
+
+
+@dataclass(slots=True)
+class Answer:
+    """The answer as it grows; complete once `finish_reason` is set (filled by `answer_turn`)."""
+
+    prompt_content: str = ""
+    sources: list[dict] = field(default_factory=list)
+    model_name: str = ""
+    num_prompt_tokens: int = 0
+    is_started: bool = False  # reached the engine: there is something to save
     text_parts: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
 
+    @property
+    def text(self) -> str:
+        return "".join(self.text_parts)
+
+
+async def answer_turn(
+    turn: TurnInput, answer: Answer, control: TurnControl | None = None
+) -> AsyncIterator[SourcesFound | TokenDelta]:
+    """Retrieve, build the cache-aware prompt, and stream the answer into `answer`.
+
+    Yields `SourcesFound` once, then `TokenDelta`s. Raises `ChatError` before the engine is
+    reached (model unavailable, context overflow); afterwards every ending — done, stopped,
+    closed early, engine failure — leaves `answer` with a finish reason and frees the request.
+    """
+    control = control or TurnControl()
+    answer.sources, answer.prompt_content = turn.sources, turn.prompt_content or ""
+    if turn.prompt_content is None:
+        hits = await _retrieve(turn)
+        answer.sources = [source_json(n, hit) for n, hit in enumerate(hits, start=1)]
+        answer.prompt_content = user_turn_text(
+            turn.question,
+            hits,
+            user_name=turn.user.get_full_name() or turn.user.get_username(),
+            today=timezone.localdate(),
+        )
+    yield SourcesFound(answer.sources)
+
+    try:
+        engine, answer.model_name = runtime.get_engine_and_model()
+    except runtime.EngineUnavailable as error:
+        raise ChatError("engine_unavailable", str(error)) from error
+    builder = prompt_builder_for(engine, turn.system_prompt)
+    history = [_history_turn(item, answer.model_name) for item in turn.history]
+    try:
+        prompt = await sync_to_async(builder.build, thread_sensitive=False)(
+            history, answer.prompt_content, max_tokens=turn.params.max_tokens or 1
+        )
+        request_id = f"{turn.request_id_prefix}-{uuid.uuid4().hex[:16]}"
+        stream = engine.stream(
+            prompt.token_ids, turn.params, request_id=request_id, cache_salt=turn.cache_salt
+        )
+    except ValueError as error:  # ContextOverflowError, PromptTooLongError: before queueing
+        raise ChatError("context_overflow", str(error)) from error
+    answer.num_prompt_tokens = len(prompt.token_ids)
+    answer.is_started = True
+    control.attach(engine, request_id)
+    try:
+        # NOTE: the request is queued on the stream's first step, so a turn stopped before this
+        # point never reaches the engine.
+        if not control.is_stopped:
+            async for text in _read(stream, answer):
+                yield TokenDelta(text)
+    finally:
+        if answer.finish_reason is None:
+            control.stop()  # the client went away mid-answer: free the engine's blocks now
+        answer.finish_reason = _finish_reason(answer, control)
+        # NOTE: the chat template closes an answer itself; an eos kept here would appear twice.
+        while answer.token_ids and answer.token_ids[-1] in engine.eos_token_ids:
+            answer.token_ids.pop()
+
 
 async def run_turn(
     request: TurnRequest, control: TurnControl | None = None
 ) -> AsyncIterator[TurnEvent]:
-    """Answer one message (or regenerate the last answer); see the module docstring."""
+    """Answer one message of a saved conversation (or regenerate its last answer), and save it."""
     control = control or TurnControl()
     begun = await store.begin_turn(request)
     yield TurnStarted(begun.conversation, None if request.regenerate else begun.question)
 
     question = begun.question
-    if not question.prompt_content:
-        hits = await _retrieve(request.user, question.content, begun)
-        question.sources = [source_json(n, hit) for n, hit in enumerate(hits, start=1)]
-        question.prompt_content = user_turn_text(
-            question.content,
-            hits,
-            user_name=request.user.get_full_name() or request.user.get_username(),
-            today=timezone.localdate(),
-        )
-        await store.save_question_context(question)
-    yield SourcesFound(question.sources)
-
+    turn = TurnInput(
+        user=request.user,
+        question=question.content,
+        system_prompt=begun.profile.system_prompt,
+        params=sampling_params_for(begun.profile, begun.model_config, seed=request.seed),
+        history=begun.history,
+        collection_ids=begun.collection_ids,
+        search_top_k=begun.profile.search_top_k,
+        prompt_content=question.prompt_content or None,
+        sources=question.sources,
+        request_id_prefix=f"chat-{begun.conversation.pk}",
+    )
+    answer = Answer()
     try:
-        engine, model_name = runtime.get_engine_and_model()
-    except runtime.EngineUnavailable as error:
-        raise ChatError("engine_unavailable", str(error)) from error
-    params = sampling_params_for(begun.profile, begun.model_config, seed=request.seed)
-    builder = prompt_builder_for(engine, begun.profile.system_prompt)
-    history = [_history_turn(message, model_name) for message in begun.history]
-    try:
-        prompt = await sync_to_async(builder.build, thread_sensitive=False)(
-            history, question.prompt_content, max_tokens=params.max_tokens
-        )
-    except ContextOverflowError as error:
-        raise ChatError("context_overflow", str(error)) from error
-
-    request_id = f"chat-{begun.conversation.pk}-{uuid.uuid4().hex[:12]}"
-    try:
-        stream = engine.stream(prompt.token_ids, params, request_id=request_id)
-    except ValueError as error:  # PromptTooLongError and friends: checked before queueing
-        raise ChatError("context_overflow", str(error)) from error
-    control.attach(engine, request_id)
-    answer = _Answer()
-    try:
-        # NOTE: the request is queued on the stream's first step, so a turn stopped before this
-        # point never reaches the engine.
-        if not control.is_stopped:
-            async for delta in _read(stream, answer):
-                yield TokenDelta(delta)
+        async for event in answer_turn(turn, answer, control):
+            if isinstance(event, SourcesFound) and not question.prompt_content:
+                question.prompt_content, question.sources = answer.prompt_content, event.sources
+                await store.save_question_context(question)
+            yield event
     finally:
-        if answer.finish_reason is None:
-            control.stop()  # the client went away mid-answer: free the engine's blocks now
         # NOTE: runs on stop, disconnect, engine failure and cancellation alike; shielded so a
         # cancelled task still saves what the user already saw.
-        message = await asyncio.shield(
-            store.save_answer(
-                begun,
-                content="".join(answer.text_parts),
-                token_ids=_answer_token_ids(answer, engine),
-                usage=answer.usage,
-                num_prompt_tokens=len(prompt.token_ids),
-                finish_reason=_finish_reason(answer, control),
-                seed=params.seed,
-                model_name=model_name,
-            )
-        )
+        if answer.is_started:
+            message = await asyncio.shield(store.save_answer(begun, answer, seed=turn.params.seed))
     if answer.finish_reason == "error":
         raise ChatError("engine_error", "the engine failed while answering; try again")
     yield TurnDone(message, begun.conversation)
 
 
-async def _retrieve(user: AbstractBaseUser, query: str, begun: store.BegunTurn) -> list:
-    if not begun.collection_ids:
+async def _retrieve(turn: TurnInput) -> list:
+    if not turn.collection_ids:
         return []
-    top_k = begun.profile.search_top_k or settings.CACHET_SEARCH_TOP_K
+    top_k = turn.search_top_k or settings.CACHET_SEARCH_TOP_K
 
     def run() -> list:
         try:
-            return search(query, begun.collection_ids, top_k, user=user)
+            return search(turn.question, turn.collection_ids, top_k, user=turn.user)
         finally:
             close_old_connections()
 
@@ -188,7 +247,7 @@ async def _retrieve(user: AbstractBaseUser, query: str, begun: store.BegunTurn) 
         return []
 
 
-async def _read(stream: AsyncIterator[Delta | Usage], answer: _Answer) -> AsyncIterator[str]:
+async def _read(stream: AsyncIterator[Delta | Usage], answer: Answer) -> AsyncIterator[str]:
     """Text deltas of `stream`, recording tokens, finish reason and usage into `answer`."""
     try:
         async for item in stream:
@@ -206,21 +265,15 @@ async def _read(stream: AsyncIterator[Delta | Usage], answer: _Answer) -> AsyncI
         answer.finish_reason = "error" if isinstance(error, RequestFailedError) else "abort"
 
 
-def _answer_token_ids(answer: _Answer, engine: Engine) -> list[int]:
-    token_ids = list(answer.token_ids)
-    # NOTE: the chat template closes an answer itself; an eos kept here would appear twice.
-    while token_ids and token_ids[-1] in engine.eos_token_ids:
-        token_ids.pop()
-    return token_ids
-
-
-def _finish_reason(answer: _Answer, control: TurnControl) -> str:
+def _finish_reason(answer: Answer, control: TurnControl) -> str:
     if control.is_stopped and answer.finish_reason in (None, "abort"):
         return "stopped"
     return answer.finish_reason or "stopped"
 
 
-def _history_turn(message: Message, model_name: str) -> Turn:
+def _history_turn(message: Turn | Message, model_name: str) -> Turn:
+    if isinstance(message, Turn):
+        return message
     if message.role == Message.Role.USER:
         return Turn("user", message.prompt_content or message.content)
     # NOTE: the model's own token ids keep the cached prefix exact; another model's ids are not
