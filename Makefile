@@ -47,6 +47,7 @@ run: install $(DATA_DIR)/secret_key
 	$(PY) manage.py collectstatic --noinput --verbosity 0 && \
 	$(PY) manage.py prepare_models && \
 	$(PY) manage.py ensure_admin && \
+	$(PY) manage.py ensure_api_key && \
 	exec $(VENV)/bin/daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
 
 test: install browser

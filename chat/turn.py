@@ -138,8 +138,8 @@ async def answer_turn(
 ) -> AsyncIterator[SourcesFound | TokenDelta]:
     """Retrieve, build the cache-aware prompt, and stream the answer into `answer`.
 
-    Yields `SourcesFound` once, then `TokenDelta`s. Raises `ChatError` before the engine is
-    reached (model unavailable, context overflow); afterwards every ending — done, stopped,
+    Yields `SourcesFound` once, then `TokenDelta`s. Raises `ChatError` before `SourcesFound`
+    (model unavailable, context overflow); afterwards every ending — done, stopped,
     closed early, engine failure — leaves `answer` with a finish reason and frees the request.
     """
     control = control or TurnControl()
@@ -153,7 +153,6 @@ async def answer_turn(
             user_name=turn.user.get_full_name() or turn.user.get_username(),
             today=timezone.localdate(),
         )
-    yield SourcesFound(answer.sources)
 
     try:
         engine, answer.model_name = runtime.get_engine_and_model()
@@ -174,6 +173,9 @@ async def answer_turn(
     answer.num_prompt_tokens = len(prompt.token_ids)
     answer.is_started = True
     control.attach(engine, request_id)
+    # NOTE: sources come after everything that can refuse the turn, so a caller that waits for
+    # them (the REST API) can still answer a refusal with its own status code.
+    yield SourcesFound(answer.sources)
     try:
         # NOTE: the request is queued on the stream's first step, so a turn stopped before this
         # point never reaches the engine.

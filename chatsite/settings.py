@@ -61,6 +61,33 @@ try:
         os.environ, "CACHET_MAX_MESSAGE_CHARS", default=8000, minimum=1
     )
     # --- end Chat ---
+    # Requests the engine may hold (queued + running) before the REST API answers 503.
+    CACHET_API_MAX_PENDING = env.read_int(
+        os.environ, "CACHET_API_MAX_PENDING", default=512, minimum=1
+    )
+    # --- API (api/) ---
+    CACHET_API_REQUESTS_PER_MINUTE = env.read_int(
+        os.environ, "CACHET_API_REQUESTS_PER_MINUTE", default=60, minimum=1
+    )
+    CACHET_API_TOKENS_PER_MINUTE = env.read_int(
+        os.environ, "CACHET_API_TOKENS_PER_MINUTE", default=100000, minimum=1
+    )
+    CACHET_BOOTSTRAP_API_KEY = env.read_str(os.environ, "CACHET_BOOTSTRAP_API_KEY")
+    CACHET_BOOTSTRAP_API_USER = env.read_str(os.environ, "CACHET_BOOTSTRAP_API_USER", default="api")
+    # NOTE: it is stored as a fast hash (see api.models.hash_key), so it must be unguessable.
+    if (
+        CACHET_BOOTSTRAP_API_KEY is not None
+        and len(CACHET_BOOTSTRAP_API_KEY) < env.MIN_SECRET_KEY_LENGTH
+    ):
+        raise env.ConfigError(
+            "CACHET_BOOTSTRAP_API_KEY",
+            f"must be at least {env.MIN_SECRET_KEY_LENGTH} characters (use a long random "
+            f"string); got {len(CACHET_BOOTSTRAP_API_KEY)}",
+        )
+    if CACHET_BOOTSTRAP_API_KEY is not None and len(CACHET_BOOTSTRAP_API_KEY.split()) > 1:
+        # A Bearer token is one word; a key with spaces could never be sent.
+        raise env.ConfigError("CACHET_BOOTSTRAP_API_KEY", "must not contain spaces")
+    # --- end API ---
 except env.ConfigError as error:
     raise ImproperlyConfigured(f"Bad setting {error}") from None
 
@@ -82,7 +109,9 @@ INSTALLED_APPS = [
     "inference",
     "retrieval",
     "chat",
+    "api",
     "frontend",
+    "ninja",
 ]
 
 MIDDLEWARE = [
@@ -177,6 +206,9 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
+# NOTE: session storage, so a message carrying a secret (an API key shown once) never travels in
+# a cookie.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SAMESITE = "Lax"

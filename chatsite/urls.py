@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from api import v1
 from chatsite.health import healthz
 from inference.views import metrics
 
@@ -9,5 +10,6 @@ urlpatterns = [
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("chat/api/", include("chat.urls")),
+    path("v1/", v1.api.urls),
     path("", include("frontend.urls")),
 ]

@@ -29,13 +29,15 @@ DEFAULT_DROP_STEP_TURNS = 4
 class ContextOverflowError(ValueError):
     """The newest message alone does not fit the context window."""
 
-    def __init__(self, num_tokens: int, budget: int) -> None:
+    def __init__(self, num_tokens: int, budget: int, max_model_len: int) -> None:
         super().__init__(
-            f"the message needs {num_tokens} prompt tokens but only {budget} fit "
-            f"(context window minus the answer's reserved tokens); shorten it"
+            f"the message needs {num_tokens} prompt tokens but only {budget} fit (a context "
+            f"window of {max_model_len} tokens minus {max_model_len - budget} reserved for the "
+            "answer); shorten it"
         )
         self.num_tokens = num_tokens
         self.budget = budget
+        self.max_model_len = max_model_len
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +136,7 @@ class PromptBuilder:
             turn_ids = [self._turn_ids(turn) for turn in history]
         fixed = len(self.prefix_ids) + len(message_ids)
         if fixed > budget:
-            raise ContextOverflowError(fixed, budget)
+            raise ContextOverflowError(fixed, budget, self.max_model_len)
         num_dropped = self._num_turns_to_drop(turn_ids, budget - fixed)
         kept = turn_ids[num_dropped:]
         token_ids = list(self.prefix_ids)

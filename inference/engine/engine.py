@@ -178,6 +178,11 @@ class Engine:
         with self._cond:
             return bool(self._live_request_ids)
 
+    def num_unfinished_requests(self) -> int:
+        """Requests queued or running (admission control: refuse work beyond a backlog)."""
+        with self._cond:
+            return len(self._live_request_ids)
+
     def shutdown(self, timeout: float | None = 10.0) -> None:
         """Abort what is still running and stop the engine thread."""
         with self._cond:

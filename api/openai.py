@@ -1,0 +1,451 @@
+"""OpenAI-compatible endpoints: models, chat completions (with RAG), completions, embeddings.
+
+Chat completions run through `chat.turn.answer_turn`, the same retrieve → prompt → stream path as
+the browser chat, so API prompts get the cache-aware layout and `cached_tokens` in the usage.
+Streams are server-sent events ending with `data: [DONE]`; a client that goes away mid-stream
+aborts its engine request (Django cancels the response's iterator on disconnect).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from ninja import Router
+
+from api import keys, rate_limits
+from api.documents import readable_collection_ids
+from api.errors import ApiError
+from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
+from chat.errors import ChatError
+from chat.models import AssistantProfile
+from chat.turn import Answer, TokenDelta, TurnControl, TurnInput, answer_turn
+from inference import runtime
+from inference.engine.engine import Engine
+from inference.engine.outputs import Delta, PromptTooLongError, RequestFailedError, Usage
+from inference.engine.sampling_params import SamplingParams
+from inference.models import ModelConfig
+from inference.prompts import Turn
+
+logger = logging.getLogger(__name__)
+router = Router(tags=["OpenAI-compatible"])
+
+BUNDLED_EMBEDDING_NAME = "all-MiniLM-L6-v2"
+OWNED_BY = "cachet"
+ENGINE_FAILED = {
+    "error": {
+        "message": "The engine failed while answering; retry.",
+        "type": "server_error",
+        "param": None,
+        "code": "engine_error",
+    }
+}
+
+
+# ---- models ----
+
+
+def embedding_model_name() -> str:
+    return settings.CACHET_EMBEDDING_MODEL or BUNDLED_EMBEDDING_NAME
+
+
+@sync_to_async
+def chat_model_name() -> str:
+    return runtime.engine_status()["model"] or runtime.served_model_name(ModelConfig.active())
+
+
+@router.get("/models", summary="List the served models")
+async def list_models(request: HttpRequest) -> dict:
+    created = int(time.time())
+    return {
+        "object": "list",
+        "data": [
+            {"id": name, "object": "model", "created": created, "owned_by": OWNED_BY}
+            for name in (await chat_model_name(), embedding_model_name())
+        ],
+    }
+
+
+async def _check_model(requested: str) -> None:
+    served = await chat_model_name()
+    if requested != served:
+        raise ApiError(
+            404,
+            f"The model `{requested}` does not exist; this server serves `{served}`.",
+            code="model_not_found",
+            param="model",
+        )
+
+
+def _engine() -> tuple[Engine, str]:
+    try:
+        engine, model_name = runtime.get_engine_and_model()
+    except runtime.EngineUnavailable as error:
+        raise ApiError(
+            503, str(error), code="model_loading", headers={"Retry-After": "5"}
+        ) from None
+    if engine.num_unfinished_requests() >= settings.CACHET_API_MAX_PENDING:
+        raise ApiError(
+            503,
+            "The server is overloaded; retry shortly.",
+            code="overloaded",
+            headers={"Retry-After": "1"},
+        )
+    return engine, model_name
+
+
+# ---- sampling ----
+
+
+def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+    if body.n not in (None, 1):
+        raise ApiError(400, "Only n=1 is supported.", param="n")
+    defaults = SamplingParams()
+    try:
+        return SamplingParams(
+            temperature=defaults.temperature if body.temperature is None else body.temperature,
+            top_p=defaults.top_p if body.top_p is None else body.top_p,
+            top_k=body.top_k,
+            seed=body.seed,
+            max_tokens=max_tokens or defaults.max_tokens,
+            stop=body.stop or (),
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            ignore_eos=body.ignore_eos,
+        )
+    except ValueError as error:
+        raise ApiError(400, str(error)) from None
+
+
+def _finish_reason(reason: str | None) -> str:
+    # NOTE: OpenAI knows "stop" and "length"; an aborted request ends like a stopped one.
+    return "length" if reason == "length" else "stop"
+
+
+def _usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+async def _settle(api_key, usage: Usage | None, fallback_prompt_tokens: int = 0) -> None:
+    """Count the request's tokens against the key's budget and usage, whatever happened."""
+    prompt_tokens = usage.prompt_tokens if usage else fallback_prompt_tokens
+    completion_tokens = usage.completion_tokens if usage else 0
+    try:
+        await rate_limits.acharge_tokens(api_key, prompt_tokens + completion_tokens)
+        await keys.arecord_usage(api_key, prompt_tokens, completion_tokens)
+    except Exception:  # accounting must never turn a served answer into an error
+        logger.exception("could not record the usage of API key %s", api_key.pk)
+
+
+def _sse(payload: dict | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def _event_stream(events: AsyncIterator[str]) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once
+    return response
+
+
+# ---- chat completions ----
+
+
+def _dialogue(messages) -> tuple[str | None, list[Turn], str]:
+    """(system prompt or None, earlier turns, the newest user message)."""
+    system = "\n\n".join(m.text for m in messages if m.role in ("system", "developer"))
+    turns: list[list[str]] = []
+    for message in messages:
+        if message.role not in ("user", "assistant"):
+            continue
+        if turns and turns[-1][0] == message.role:
+            turns[-1][1] += "\n\n" + message.text  # consecutive messages of one role: one turn
+        else:
+            turns.append([message.role, message.text])
+    if not turns or turns[-1][0] != "user":
+        raise ApiError(400, "The last message must have the role 'user'.", param="messages")
+    if turns[0][0] != "user":
+        raise ApiError(
+            400, "The first non-system message must have the role 'user'.", param="messages"
+        )
+    history = [Turn(role, text) for role, text in turns[:-1]]
+    return system or None, history, turns[-1][1]
+
+
+@sync_to_async
+def _default_system_prompt() -> str:
+    return AssistantProfile.default().system_prompt
+
+
+def _chat_error(error: ChatError) -> ApiError:
+    if error.code == "context_overflow":
+        return ApiError(400, error.message, code="context_length_exceeded", param="messages")
+    if error.code == "engine_unavailable":
+        return ApiError(503, error.message, code="model_loading", headers={"Retry-After": "5"})
+    return ApiError(400, error.message, code=error.code)
+
+
+@router.post("/chat/completions", summary="Create a chat completion (optionally with RAG)")
+async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
+    api_key = request.auth
+    await _check_model(body.model)
+    await rate_limits.acheck_tokens(api_key)
+    params = sampling_params(body, body.max_completion_tokens or body.max_tokens)
+    system_prompt, history, question = _dialogue(body.messages)
+    _engine()  # refuse early when the model is loading or the server overloaded
+    rag = body.rag
+    turn = TurnInput(
+        user=api_key.user,
+        question=question,
+        system_prompt=system_prompt or await _default_system_prompt(),
+        params=params,
+        history=history,
+        collection_ids=await readable_collection_ids(api_key.user, rag.collections) if rag else [],
+        search_top_k=rag.top_k if rag else None,
+        # NOTE: without RAG the user's text goes to the model verbatim, as API clients expect.
+        prompt_content=None if rag else question,
+        request_id_prefix="api",
+    )
+    answer, control = Answer(), TurnControl()
+    events = answer_turn(turn, answer, control)
+    try:
+        await anext(events)  # SourcesFound: everything that can refuse the request has run
+    except ChatError as error:
+        raise _chat_error(error) from None
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _event_stream(
+            _chat_stream(events, answer, api_key, completion_id, created, bool(rag), include_usage)
+        )
+    try:
+        async with contextlib.aclosing(events):
+            async for _ in events:
+                pass
+    finally:
+        await _settle(api_key, answer.usage, answer.num_prompt_tokens)
+    if answer.finish_reason == "error":
+        raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
+    body_json = {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": answer.model_name,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": answer.text},
+                "finish_reason": _finish_reason(answer.finish_reason),
+            }
+        ],
+        "usage": _answer_usage(answer),
+    }
+    if rag:
+        body_json["sources"] = answer.sources
+    return JsonResponse(body_json)
+
+
+def _answer_usage(answer: Answer) -> dict:
+    usage = answer.usage
+    if usage is None:
+        return _usage_json(answer.num_prompt_tokens, len(answer.token_ids), 0)
+    return _usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+
+async def _chat_stream(
+    events, answer: Answer, api_key, completion_id: str, created: int, rag: bool, usage: bool
+) -> AsyncIterator[str]:
+    def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
+        return _sse(
+            {
+                "id": completion_id,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": answer.model_name,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                **extra,
+            }
+        )
+
+    try:
+        async with contextlib.aclosing(events):
+            first = {"sources": answer.sources} if rag else {}
+            yield chunk({"role": "assistant", "content": ""}, **first)
+            async for event in events:
+                if isinstance(event, TokenDelta):
+                    yield chunk({"content": event.text})
+        if answer.finish_reason == "error":
+            yield _sse(ENGINE_FAILED)
+            return
+        yield chunk({}, _finish_reason(answer.finish_reason))
+        if usage:
+            yield _sse(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": answer.model_name,
+                    "choices": [],
+                    "usage": _answer_usage(answer),
+                }
+            )
+        yield _sse("[DONE]")
+    finally:
+        await asyncio.shield(_settle(api_key, answer.usage, answer.num_prompt_tokens))
+
+
+# ---- completions ----
+
+
+@router.post("/completions", summary="Create a text completion")
+async def completions(request: HttpRequest, body: CompletionRequest):
+    api_key = request.auth
+    await _check_model(body.model)
+    await rate_limits.acheck_tokens(api_key)
+    params = sampling_params(body, body.max_tokens)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
+    if body.stream and len(prompts) > 1:
+        raise ApiError(400, "Streaming takes one prompt.", param="prompt")
+    engine, model_name = _engine()
+    streams = []
+    for prompt in prompts:
+        if not prompt:
+            raise ApiError(400, "A prompt must not be empty.", param="prompt")
+        try:
+            request_id = f"api-{uuid.uuid4().hex[:16]}"
+            streams.append(engine.stream(prompt, params, request_id=request_id))
+        except PromptTooLongError as error:
+            raise ApiError(
+                400, str(error), code="context_length_exceeded", param="prompt"
+            ) from None
+    completion_id = f"cmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+    header = {
+        "id": completion_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model_name,
+    }
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return _event_stream(_completion_stream(streams[0], header, api_key, include_usage))
+    results = await asyncio.gather(*(_collect(stream) for stream in streams))
+    usages = [usage for _, _, usage in results]
+    for usage in usages:
+        await _settle(api_key, usage)
+    if any(reason == "error" for _, reason, _ in results):
+        raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
+    return JsonResponse(
+        {
+            **header,
+            "choices": [
+                _completion_choice(i, text, _finish_reason(reason))
+                for i, (text, reason, _) in enumerate(results)
+            ],
+            "usage": _usage_json(
+                sum(u.prompt_tokens for u in usages if u),
+                sum(u.completion_tokens for u in usages if u),
+                sum(u.cached_tokens for u in usages if u),
+            ),
+        }
+    )
+
+
+def _completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+
+
+async def _collect(stream) -> tuple[str, str | None, Usage | None]:
+    parts, reason, usage = [], None, None
+    try:
+        async for item in stream:
+            if isinstance(item, Delta):
+                parts.append(item.text)
+                reason = item.finish_reason or reason
+            else:
+                usage = item
+    except RequestFailedError:
+        reason = "error"
+    return "".join(parts), reason, usage
+
+
+async def _completion_stream(stream, header: dict, api_key, include_usage: bool):
+    usage = None
+    try:
+        async for item in stream:
+            if isinstance(item, Usage):
+                usage = item
+                continue
+            if item.text or item.finish_reason:
+                reason = _finish_reason(item.finish_reason) if item.finish_reason else None
+                yield _sse({**header, "choices": [_completion_choice(0, item.text, reason)]})
+        if include_usage and usage is not None:
+            usage_json = _usage_json(
+                usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
+            )
+            yield _sse({**header, "choices": [], "usage": usage_json})
+        yield _sse("[DONE]")
+    finally:
+        await stream.aclose()  # a vanished client: abort the engine request now
+        await asyncio.shield(_settle(api_key, usage))
+
+
+# ---- embeddings ----
+
+
+@router.post("/embeddings", summary="Create embeddings")
+async def embeddings(request: HttpRequest, body: EmbeddingRequest):
+    api_key = request.auth
+    if body.model != embedding_model_name():
+        raise ApiError(
+            404,
+            f"The model `{body.model}` does not exist; the embedding model is "
+            f"`{embedding_model_name()}`.",
+            code="model_not_found",
+            param="model",
+        )
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    vectors, num_tokens = await sync_to_async(_embed, thread_sensitive=False)(texts)
+    await _settle(api_key, Usage("embeddings", num_tokens, 0, 0, None, 0.0, 0.0))
+    as_base64 = body.encoding_format == "base64"  # the official client's default
+    return {
+        "object": "list",
+        "data": [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": (
+                    base64.b64encode(vector.astype("<f4").tobytes()).decode()
+                    if as_base64
+                    else vector.tolist()
+                ),
+            }
+            for i, vector in enumerate(vectors)
+        ],
+        "model": body.model,
+        "usage": {"prompt_tokens": num_tokens, "total_tokens": num_tokens},
+    }
+
+
+def _embed(texts: list[str]):
+    from retrieval.embeddings import get_embedder
+
+    embedder = get_embedder()
+    num_tokens = sum(len(ids) for ids in embedder.tokenizer(texts)["input_ids"])
+    return embedder.encode(texts), num_tokens

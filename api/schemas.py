@@ -1,0 +1,88 @@
+"""Request bodies of the OpenAI-compatible endpoints. Unknown fields are ignored, not fatal."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_STOP_STRINGS = 4
+MAX_BATCH_INPUTS = 256
+
+
+class Lenient(BaseModel):
+    # NOTE: OpenAI clients send fields we do not know (logit_bias, response_format, ...); they
+    # are ignored rather than refused, as the issue asks.
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(Lenient):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(Lenient):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class StreamOptions(Lenient):
+    include_usage: bool = False
+
+
+class RagOptions(Lenient):
+    """Cachet's extension: answer from these collections (ids or names) and return the sources."""
+
+    collections: list[int | str] | None = Field(
+        default=None, description="Collection ids or names; omitted: all the key's user may read."
+    )
+    top_k: Annotated[int, Field(ge=1, le=20)] | None = None
+
+
+class SamplingFields(Lenient):
+    model: str
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Field(ge=1)] | None = Field(default=None, description="Extension.")
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    n: int | None = 1
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    user: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = Field(default=False, description="Extension (load testers, vLLM).")
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    rag: RagOptions | None = Field(default=None, description="Extension: retrieval over documents.")
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_INPUTS)]
+
+
+class EmbeddingRequest(Lenient):
+    model: str
+    input: str | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_INPUTS)]
+    encoding_format: Literal["float", "base64"] | None = "float"
+    user: str | None = None
+
+
+class SearchRequest(Lenient):
+    query: Annotated[str, Field(min_length=1, max_length=2000)]
+    collections: list[int | str] | None = None
+    top_k: Annotated[int, Field(ge=1, le=50)] | None = None

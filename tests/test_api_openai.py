@@ -1,0 +1,214 @@
+"""api.openai: the official `openai` client against a live Cachet server process.
+
+Models, chat completions (non-streamed and streamed, identical under greedy decoding), usage with
+cached tokens on a repeated prefix, RAG with sources, completions, embeddings, and the errors a
+client sees: bad key, unknown model, over-long prompt, rate limit.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+import openai
+import pytest
+
+from frontend.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+MODEL = "SmolLM2-135M-Instruct"
+HANDBOOK = "# Handbook\n\n## Leave\nEvery employee gets thirty days of paid holiday each year.\n"
+SETUP = f"""
+from django.contrib.auth.models import User
+from django.core.files.base import ContentFile
+from api.models import ApiKey
+from retrieval.ingest import ingest
+from retrieval.models import Collection, Document
+from retrieval.search import get_retriever
+
+staff = User.objects.create_user("integrator", is_staff=True)
+member = User.objects.create_user("member")
+hr = Collection.objects.create(name="HR")
+secret = Collection.objects.create(name="Secret")
+hr.readers.add(member)
+document = Document.objects.create(
+    collection=hr, title="handbook.md", file=ContentFile({HANDBOOK!r}.encode(), name="handbook.md")
+)
+ingest(document.pk, get_retriever())
+_, staff_key = ApiKey.create_for(staff, "ci")
+_, member_key = ApiKey.create_for(member, "member")
+_, limited_key = ApiKey.create_for(member, "limited", requests_per_minute=2)
+print(staff_key, member_key, limited_key)
+"""
+GREEDY = {"temperature": 0, "max_tokens": 24, "seed": 0}
+MESSAGES = [
+    {"role": "system", "content": "You are a terse assistant."},
+    {"role": "user", "content": "Name the largest planet of the solar system."},
+]
+
+
+@pytest.fixture(scope="module")
+def server(chat_model_dir):
+    with LiveServer(models_dir=chat_model_dir.parent) as live:
+        live.keys = live.shell(SETUP).split()
+        live.start()
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.keys[0], max_retries=0)
+
+
+def test_models_lists_the_chat_and_embedding_models(client) -> None:
+    ids = [model.id for model in client.models.list()]
+    assert ids == [MODEL, "all-MiniLM-L6-v2"]
+
+
+def test_streamed_and_non_streamed_chat_completions_are_identical_under_greedy(client) -> None:
+    whole = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason in {"stop", "length"}
+    assert whole.usage.completion_tokens <= 24
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+    )
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == (
+        whole.usage.completion_tokens
+    )
+    finishing = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishing[-1] in {"stop", "length"} and set(finishing[:-1]) == {None}
+
+
+def test_a_repeated_prefix_is_reported_as_cached_tokens(client) -> None:
+    system = {"role": "system", "content": "You answer questions about astronomy. " * 40}
+    first = client.chat.completions.create(
+        model=MODEL, messages=[system, {"role": "user", "content": "What is a comet?"}], **GREEDY
+    )
+    second = client.chat.completions.create(
+        model=MODEL, messages=[system, {"role": "user", "content": "What is a meteor?"}], **GREEDY
+    )
+    assert first.usage.prompt_tokens > 250
+    # The whole system prompt, down to its last full 16-token block, comes from the cache.
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= 0.85 * second.usage.prompt_tokens
+
+
+def test_rag_answers_from_a_collection_and_returns_the_sources(client) -> None:
+    response = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "How many days of paid holiday do we get?"}],
+        extra_body={"rag": {"collections": ["HR"], "top_k": 2}},
+        **GREEDY,
+    )
+    sources = response.model_extra["sources"]
+    assert sources[0]["document_title"] == "handbook.md" and sources[0]["n"] == 1
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "How many days of paid holiday do we get?"}],
+        extra_body={"rag": {"collections": ["HR"], "top_k": 2}},
+        stream=True,
+        **GREEDY,
+    )
+    first = next(iter(stream))
+    assert first.model_extra["sources"] == sources
+    stream.close()
+
+
+def test_rag_over_a_collection_the_key_may_not_read_is_forbidden(server) -> None:
+    member = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.keys[1], max_retries=0)
+    with pytest.raises(openai.PermissionDeniedError, match="may not read collection 'Secret'"):
+        member.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            extra_body={"rag": {"collections": ["Secret"]}},
+            **GREEDY,
+        )
+
+
+def test_completions_stream_the_same_text_as_they_return(client) -> None:
+    prompt = "The three primary colours are"
+    whole = client.completions.create(model=MODEL, prompt=prompt, **GREEDY)
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, stream=True, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+
+
+def test_embeddings_are_unit_vectors_one_per_input(client) -> None:
+    # The client asks for base64 by default and decodes it; floats on request.
+    for options in ({}, {"encoding_format": "float"}):
+        response = client.embeddings.create(
+            model="all-MiniLM-L6-v2", input=["holiday", "trains"], **options
+        )
+        assert [item.index for item in response.data] == [0, 1]
+        vector = response.data[0].embedding
+        assert len(vector) == 384 and abs(sum(v * v for v in vector) - 1) < 1e-3
+        assert response.usage.prompt_tokens > 0
+
+
+def test_a_bad_key_raises_authentication_error(server) -> None:
+    bad = openai.OpenAI(base_url=f"{server.url}/v1", api_key="ck-not-a-real-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as raised:
+        bad.models.list()
+    assert "ck-not-a-real-key" not in str(raised.value)
+
+
+def test_an_unknown_model_and_n_above_one_are_refused(client) -> None:
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-9", messages=MESSAGES, **GREEDY)
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, **GREEDY)
+
+
+def test_a_prompt_longer_than_the_context_gets_400_with_the_numbers(client) -> None:
+    long = "word " * 5000
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": long}], **GREEDY
+        )
+    assert raised.value.code == "context_length_exceeded"
+    assert "tokens" in raised.value.message and "4096" in raised.value.message
+
+
+def test_a_rate_limited_key_gets_429_with_retry_after(server) -> None:
+    limited = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.keys[2], max_retries=0)
+    limited.models.list()
+    limited.models.list()
+    with pytest.raises(openai.RateLimitError) as raised:
+        limited.models.list()
+    assert 1 <= int(raised.value.response.headers["retry-after"]) <= 60
+
+
+def test_unknown_fields_are_ignored_and_bad_values_get_400_in_openais_shape(server) -> None:
+    def post(body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"{server.url}/v1/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {server.keys[0]}",
+                     "Content-Type": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as error:
+            return error.code, json.load(error)
+
+    status, body = post({"model": MODEL, "messages": MESSAGES, "logit_bias": {}, **GREEDY})
+    assert status == 200 and body["object"] == "chat.completion"
+    status, body = post({"model": MODEL, "messages": MESSAGES, "temperature": "hot"})
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["param"] == "temperature"
+    status, body = post({"model": MODEL, "messages": []})
+    assert status == 400
+    status, body = post({"model": MODEL, "messages": [{"role": "assistant", "content": "x"}]})
+    assert status == 400 and "role 'user'" in body["error"]["message"]
