@@ -7,14 +7,19 @@ turn is stored with the message and replayed verbatim in later prompts, so it st
 from __future__ import annotations
 
 import datetime
+from collections.abc import Collection
 
 from retrieval.search import SearchHit
 
 SNIPPET_CHARS = 2000
 
 
-def source_json(number: int, hit: SearchHit) -> dict:
-    """The protocol's Source (docs/chat-protocol.md) for citation `[number]`."""
+def source_json(number: int, hit: SearchHit, *, quoted_earlier: bool = False) -> dict:
+    """The protocol's Source (docs/chat-protocol.md) for citation `[number]`.
+
+    `quoted_earlier`: the passage's text is already in the conversation, so this turn's prompt
+    only refers to it.
+    """
     return {
         "n": number,
         "chunk_id": hit.chunk_id,
@@ -26,13 +31,24 @@ def source_json(number: int, hit: SearchHit) -> dict:
         "snippet": hit.text[:SNIPPET_CHARS],
         "score": round(float(hit.score), 4),
         "url": f"/documents/{hit.document_id}/#chunk-{hit.chunk_id}",
+        "quoted_earlier": quoted_earlier,
     }
 
 
 def user_turn_text(
-    question: str, hits: list[SearchHit], *, user_name: str, today: datetime.date
+    question: str,
+    hits: list[SearchHit],
+    *,
+    user_name: str,
+    today: datetime.date,
+    quoted_earlier: Collection[int] = frozenset(),
 ) -> str:
-    """The user turn with numbered passages first, so "[n]" in the answer names a source."""
+    """The user turn with numbered passages first, so "[n]" in the answer names a source.
+
+    A passage whose chunk id is in `quoted_earlier` is already quoted in the conversation's
+    history: it is named, not repeated, which keeps each new turn short (less to prefill, more
+    of the prompt served from the prefix cache).
+    """
     parts = []
     if hits:
         parts.append("Context passages from the team's documents:")
@@ -40,7 +56,10 @@ def user_turn_text(
             where = " > ".join([hit.document_title, *hit.heading_path])
             if hit.page is not None:
                 where += f" (page {hit.page})"
-            parts.append(f"[{number}] {where}\n{hit.text.strip()}")
+            if hit.chunk_id in quoted_earlier:
+                parts.append(f"[{number}] {where} (quoted in full earlier in our conversation)")
+            else:
+                parts.append(f"[{number}] {where}\n{hit.text.strip()}")
     parts.append(f"Today is {today:%A, %B %-d, %Y}. I am {user_name}.")
     parts.append(f"Question: {question.strip()}" if hits else question.strip())
     return "\n\n".join(parts)

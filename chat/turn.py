@@ -144,15 +144,7 @@ async def answer_turn(
     """
     control = control or TurnControl()
     answer.sources, answer.prompt_content = turn.sources, turn.prompt_content or ""
-    if turn.prompt_content is None:
-        hits = await _retrieve(turn)
-        answer.sources = [source_json(n, hit) for n, hit in enumerate(hits, start=1)]
-        answer.prompt_content = user_turn_text(
-            turn.question,
-            hits,
-            user_name=turn.user.get_full_name() or turn.user.get_username(),
-            today=timezone.localdate(),
-        )
+    hits = await _retrieve(turn) if turn.prompt_content is None else []
 
     try:
         engine, answer.model_name = runtime.get_engine_and_model()
@@ -161,9 +153,14 @@ async def answer_turn(
     builder = prompt_builder_for(engine, turn.system_prompt)
     history = [_history_turn(item, answer.model_name) for item in turn.history]
     try:
-        prompt = await sync_to_async(builder.build, thread_sensitive=False)(
-            history, answer.prompt_content, max_tokens=turn.params.max_tokens or 1
-        )
+        if turn.prompt_content is None:
+            prompt = await sync_to_async(_build_with_passages, thread_sensitive=False)(
+                builder, turn, history, hits, answer
+            )
+        else:
+            prompt = await sync_to_async(builder.build, thread_sensitive=False)(
+                history, answer.prompt_content, max_tokens=turn.params.max_tokens or 1
+            )
         request_id = f"{turn.request_id_prefix}-{uuid.uuid4().hex[:16]}"
         stream = engine.stream(
             prompt.token_ids, turn.params, request_id=request_id, cache_salt=turn.cache_salt
@@ -227,6 +224,53 @@ async def run_turn(
     if answer.finish_reason == "error":
         raise ChatError("engine_error", "the engine failed while answering; try again")
     yield TurnDone(message, begun.conversation)
+
+
+MAX_PASSAGE_LAYOUTS = 3
+
+
+def _build_with_passages(builder, turn: TurnInput, history: list[Turn], hits: list, answer):
+    """The prompt with this turn's passages; ones still quoted in the kept history are named.
+
+    Dropping old turns (a full context) can drop a quote, so the layout is redone against the
+    turns actually kept until it is stable; failing that, every passage is quoted in full.
+    """
+    num_kept_from = 0
+    for attempt in range(MAX_PASSAGE_LAYOUTS + 1):
+        quoted = (
+            set()
+            if attempt == MAX_PASSAGE_LAYOUTS
+            else _quoted_chunk_ids(turn.history[num_kept_from:])
+        )
+        answer.sources = [
+            source_json(n, hit, quoted_earlier=hit.chunk_id in quoted)
+            for n, hit in enumerate(hits, start=1)
+        ]
+        answer.prompt_content = user_turn_text(
+            turn.question,
+            hits,
+            user_name=turn.user.get_full_name() or turn.user.get_username(),
+            today=timezone.localdate(),
+            quoted_earlier=quoted,
+        )
+        prompt = builder.build(
+            history, answer.prompt_content, max_tokens=turn.params.max_tokens or 1
+        )
+        if prompt.num_dropped_turns == num_kept_from or not quoted:
+            return prompt
+        num_kept_from = prompt.num_dropped_turns
+    return prompt
+
+
+def _quoted_chunk_ids(history: list[Turn | Message]) -> set[int]:
+    """Chunks whose full text is in these turns (earlier questions' passages)."""
+    return {
+        source["chunk_id"]
+        for item in history
+        if isinstance(item, Message) and item.role == Message.Role.USER
+        for source in item.sources
+        if not source.get("quoted_earlier")
+    }
 
 
 async def _retrieve(turn: TurnInput) -> list:

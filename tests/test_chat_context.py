@@ -31,6 +31,14 @@ def test_passages_are_numbered_before_the_question_with_their_place_in_the_docum
     )
 
 
+def test_a_passage_already_quoted_in_the_conversation_is_named_not_repeated():
+    hits = [hit(7, "Thirty days.", heading_path=["Leave"]), hit(8, "Trains.")]
+    text = user_turn_text("And travel?", hits, user_name="Alice", today=TODAY, quoted_earlier={7})
+    assert "Thirty days." not in text and "Trains." in text
+    assert "[1] handbook.md > Leave (quoted in full earlier in our conversation)" in text
+    assert source_json(1, hits[0], quoted_earlier=True)["quoted_earlier"] is True
+
+
 def test_without_passages_the_turn_is_the_question_after_todays_facts():
     text = user_turn_text(" Hi ", [], user_name="Bob", today=TODAY)
     assert text == "Today is Sunday, November 29, 2026. I am Bob.\n\nHi"
@@ -49,4 +57,5 @@ def test_a_source_links_to_its_chunk_in_the_document_page():
         "snippet": "Trains.",
         "score": 0.1235,
         "url": "/documents/3/#chunk-8",
+        "quoted_earlier": False,
     }

@@ -118,6 +118,23 @@ async def test_the_second_turn_reuses_the_first_turns_prompt_and_answer_from_the
     assert second_answer.cached_tokens >= len(turn_one) + len(first_answer.token_ids) - block_size
 
 
+async def test_passages_quoted_in_an_earlier_turn_are_named_not_repeated(
+    served_engine, quick_profile, handbook, alice
+) -> None:
+    await sync_to_async(handbook.readers.add)(alice)
+    first = await collect(TurnRequest(user=alice, content=QUESTION, seed=1))
+    conversation_id = first[0].conversation.pk
+    await collect(
+        TurnRequest(user=alice, content=QUESTION + " Really?", conversation_id=conversation_id)
+    )
+    first_question, _, second_question, second_answer = await messages_of(conversation_id)
+    assert first_question.prompt_content.count("thirty days of paid holiday") == 1
+    assert "thirty days of paid holiday" not in second_question.prompt_content
+    assert "quoted in full earlier in our conversation" in second_question.prompt_content
+    assert all(source["quoted_earlier"] for source in second_answer.sources)
+    assert len(second_question.prompt_content) < len(first_question.prompt_content)
+
+
 async def test_stop_saves_the_partial_answer_as_stopped_and_frees_the_kv_cache(
     served_engine, quick_profile, alice
 ) -> None:
