@@ -64,8 +64,14 @@ def check_chat_model() -> str:
     return f"{resolved.source} ready at {resolved.directory}"
 
 
+class EngineLoading(Exception):
+    """Expected for a while after start: reported as "loading", not logged as a failure."""
+
+
 def check_engine() -> str:
     status = engine_status()
+    if status["status"] == "loading" and not status["error"]:
+        raise EngineLoading("the model is loading")
     if status["status"] != "ready":
         detail = status["error"] or "the engine is not running in this process"
         raise RuntimeError(f"{status['status']}: {detail}")
@@ -97,6 +103,8 @@ def run_checks() -> dict:
         started = time.perf_counter()
         try:
             detail = check()
+        except EngineLoading as loading:
+            state = {"state": "loading", "detail": str(loading)}
         except Exception as error:  # a health check reports every failure, whatever its kind
             logger.warning("health check %s failed: %s", name, error)
             state = {"state": "error", "detail": f"{type(error).__name__}: {error}"}
@@ -108,11 +116,20 @@ def run_checks() -> dict:
             )
         state["seconds"] = round(time.perf_counter() - started, 4)
         components[name] = state
-    healthy = all(c["state"] in {"ok", "not_configured"} for c in components.values())
-    return {"status": "ok" if healthy else "error", "components": components}
+    states = {c["state"] for c in components.values()}
+    if states <= {"ok", "not_configured"}:
+        status = "ok"
+    else:
+        status = "loading" if states <= {"ok", "not_configured", "loading"} else "error"
+    return {"status": status, "components": components}
 
 
 @require_GET
 def healthz(request: HttpRequest) -> JsonResponse:
     report = run_checks()
-    return JsonResponse(report, status=200 if report["status"] == "ok" else 503)
+    response = JsonResponse(report, status=200 if report["status"] == "ok" else 503)
+    if report["status"] == "loading":
+        # NOTE: a 503 while the model loads is expected (load balancers poll it); marking it
+        # logged keeps Django from writing an ERROR line per poll.
+        response._has_been_logged = True
+    return response

@@ -52,6 +52,19 @@ def test_health_fails_while_the_engine_is_not_running(client) -> None:
     }
 
 
+def test_health_says_loading_with_503_while_the_model_loads(client, chat_model_dir) -> None:
+    runtime.stop_engine()
+    runtime.start_engine()
+    try:
+        response = client.get("/healthz")
+        report = response.json()
+        assert response.status_code == 503
+        assert report["status"] == "loading"
+        assert report["components"]["engine"]["state"] == "loading"
+    finally:
+        runtime.stop_engine()
+
+
 def test_an_unreachable_channel_layer_makes_health_fail(client, settings) -> None:
     settings.CHANNEL_LAYERS = {
         "default": {
