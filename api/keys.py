@@ -115,14 +115,20 @@ def _touch(api_key: ApiKey) -> None:
     api_key.last_used_at = now
 
 
-def record_usage(api_key: ApiKey, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
-    """Count one request and its tokens for `api_key` (one atomic UPDATE; safe concurrently)."""
-    if prompt_tokens < 0 or completion_tokens < 0:
+def record_usage(
+    api_key: ApiKey, prompt_tokens: int = 0, completion_tokens: int = 0, *, num_requests: int = 1
+) -> None:
+    """Count requests and tokens for `api_key` (one atomic UPDATE; safe concurrently).
+
+    The API counts each HTTP request once when it is authenticated, and its tokens (with
+    `num_requests=0`) when the answer is done.
+    """
+    if min(prompt_tokens, completion_tokens, num_requests) < 0:
         raise ValueError(
-            f"token counts must not be negative; got {prompt_tokens}, {completion_tokens}"
+            f"counts must not be negative; got {prompt_tokens}, {completion_tokens}, {num_requests}"
         )
     ApiKey.objects.filter(pk=api_key.pk).update(
-        num_requests=F("num_requests") + 1,
+        num_requests=F("num_requests") + num_requests,
         num_prompt_tokens=F("num_prompt_tokens") + prompt_tokens,
         num_completion_tokens=F("num_completion_tokens") + completion_tokens,
     )

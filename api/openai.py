@@ -110,13 +110,16 @@ def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingPar
     if body.n not in (None, 1):
         raise ApiError(400, "Only n=1 is supported.", param="n")
     defaults = SamplingParams()
+    cap = settings.CACHET_API_MAX_TOKENS
+    if max_tokens is not None and max_tokens > cap:
+        raise ApiError(400, f"max_tokens is at most {cap} on this server.", param="max_tokens")
     try:
         return SamplingParams(
             temperature=defaults.temperature if body.temperature is None else body.temperature,
             top_p=defaults.top_p if body.top_p is None else body.top_p,
             top_k=body.top_k,
             seed=body.seed,
-            max_tokens=max_tokens or defaults.max_tokens,
+            max_tokens=max_tokens or min(defaults.max_tokens, cap),
             stop=body.stop or (),
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
@@ -146,7 +149,7 @@ async def _settle(api_key, usage: Usage | None, fallback_prompt_tokens: int = 0)
     completion_tokens = usage.completion_tokens if usage else 0
     try:
         await rate_limits.acharge_tokens(api_key, prompt_tokens + completion_tokens)
-        await keys.arecord_usage(api_key, prompt_tokens, completion_tokens)
+        await keys.arecord_usage(api_key, prompt_tokens, completion_tokens, num_requests=0)
     except Exception:  # accounting must never turn a served answer into an error
         logger.exception("could not record the usage of API key %s", api_key.pk)
 

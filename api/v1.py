@@ -33,6 +33,7 @@ class ApiKeyAuth(HttpBearer):
                 code="rate_limit_exceeded",
                 headers={"Retry-After": str(limited.retry_after_s)},
             ) from None
+        await keys.arecord_usage(api_key)  # one request; tokens are added when answered
         return api_key
 
 

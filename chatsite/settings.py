@@ -61,6 +61,10 @@ try:
         os.environ, "CACHET_MAX_MESSAGE_CHARS", default=8000, minimum=1
     )
     # --- end Chat ---
+    # The most tokens one API request may ask to generate (its default is 256, or this if lower).
+    CACHET_API_MAX_TOKENS = env.read_int(
+        os.environ, "CACHET_API_MAX_TOKENS", default=4096, minimum=1
+    )
     # Requests the engine may hold (queued + running) before the REST API answers 503.
     CACHET_API_MAX_PENDING = env.read_int(
         os.environ, "CACHET_API_MAX_PENDING", default=512, minimum=1

@@ -8,6 +8,8 @@ client sees: bad key, unknown model, over-long prompt, rate limit.
 from __future__ import annotations
 
 import json
+import re
+import time
 import urllib.request
 
 import openai
@@ -48,9 +50,13 @@ MESSAGES = [
 ]
 
 
+METRICS_TOKEN = "metrics-token-for-the-api-tests"
+
+
 @pytest.fixture(scope="module")
 def server(chat_model_dir):
-    with LiveServer(models_dir=chat_model_dir.parent) as live:
+    env = {"CACHET_METRICS_TOKEN": METRICS_TOKEN}
+    with LiveServer(models_dir=chat_model_dir.parent, env=env) as live:
         live.keys = live.shell(SETUP).split()
         live.start()
         yield live
@@ -212,3 +218,45 @@ def test_unknown_fields_are_ignored_and_bad_values_get_400_in_openais_shape(serv
     assert status == 400
     status, body = post({"model": MODEL, "messages": [{"role": "assistant", "content": "x"}]})
     assert status == 400 and "role 'user'" in body["error"]["message"]
+
+
+def engine_metric(server, name: str) -> float:
+    request = urllib.request.Request(
+        f"{server.url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def test_a_client_that_disconnects_mid_stream_aborts_its_engine_request(client, server) -> None:
+    aborted = 'cachet_engine_requests_total{finish_reason="abort"}'
+    before = engine_metric(server, aborted)
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Count from one to five hundred."}],
+        max_tokens=400,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    stream.close()
+    deadline = time.monotonic() + 30
+    while engine_metric(server, aborted) <= before:
+        assert time.monotonic() < deadline, "the engine request was not aborted"
+        time.sleep(0.1)
+    assert engine_metric(server, "cachet_engine_requests_running") == 0
+
+
+def test_usage_is_counted_on_the_key(server) -> None:
+    counts = server.shell(
+        "from api.models import ApiKey\n"
+        "k = ApiKey.objects.get(name='ci')\n"
+        "print(k.num_requests, k.num_prompt_tokens, k.num_completion_tokens)"
+    ).split()
+    num_requests, prompt_tokens, completion_tokens = map(int, counts)
+    assert num_requests >= 10 and prompt_tokens > 500 and completion_tokens > 50

@@ -1,0 +1,128 @@
+"""api.documents: upload, list, status, delete and search with the UI's permissions."""
+
+# ruff: noqa: F811 - fixtures are imported by name
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth.models import User
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from api import rate_limits
+from api.models import ApiKey
+from retrieval.ingest import ingest
+from retrieval.models import Collection, Document
+from tests.retrieval_fixtures import HANDBOOK, add_document, retriever  # noqa: F401
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh_limits():
+    rate_limits.reset()
+
+
+def client_for(user: User) -> Client:
+    _, key = ApiKey.create_for(user, "test")
+    return Client(headers={"Authorization": f"Bearer {key}"})
+
+
+@pytest.fixture
+def hr() -> Collection:
+    return Collection.objects.create(name="HR")
+
+
+@pytest.fixture
+def staff() -> Client:
+    return client_for(User.objects.create_user("staff", is_staff=True))
+
+
+@pytest.fixture
+def member() -> tuple[User, Client]:
+    user = User.objects.create_user("member")
+    return user, client_for(user)
+
+
+def test_staff_upload_a_document_and_get_its_status(staff, hr, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    upload = SimpleUploadedFile("notes.md", b"# Notes\n\nKitchen cleaned on Fridays.")
+    response = staff.post("/v1/documents", {"file": upload, "collection": hr.pk})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["title"] == "notes.md" and body["collection"] == {"id": hr.pk, "name": "HR"}
+    assert body["status"] == "queued"
+    status = staff.get(f"/v1/documents/{body['id']}").json()
+    assert status["id"] == body["id"] and status["progress"] == 0
+
+
+def test_uploads_are_checked_for_rights_size_and_type(staff, member, hr, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    settings.CACHET_MAX_UPLOAD_MB = 1
+    _, member_client = member
+    small = SimpleUploadedFile("a.txt", b"x")
+    response = member_client.post("/v1/documents", {"file": small, "collection": hr.pk})
+    assert response.status_code == 403
+    assert response.json()["error"]["type"] == "permission_error"
+    big = SimpleUploadedFile("big.txt", b"x" * (1024 * 1024 + 1))
+    response = staff.post("/v1/documents", {"file": big, "collection": hr.pk})
+    assert response.status_code == 413 and "1 MB" in response.json()["error"]["message"]
+    exe = SimpleUploadedFile("tool.exe", b"MZ")
+    response = staff.post("/v1/documents", {"file": exe, "collection": hr.pk})
+    assert response.status_code == 400 and "unsupported" in response.json()["error"]["message"]
+    response = staff.post("/v1/documents", {"file": small, "collection": 987654})
+    assert response.status_code == 400
+    assert not Document.objects.exists()
+
+
+def test_members_list_and_read_only_documents_of_collections_they_may_read(member, hr):
+    user, client = member
+    secret = Collection.objects.create(name="Secret")
+    visible = Document.objects.create(collection=hr, title="handbook.md", file="a.md")
+    hidden = Document.objects.create(collection=secret, title="salaries.md", file="b.md")
+    assert client.get("/v1/documents").json()["data"] == []
+    hr.readers.add(user)
+    listed = client.get("/v1/documents").json()["data"]
+    assert [d["id"] for d in listed] == [visible.pk]
+    assert client.get(f"/v1/documents/{hidden.pk}").status_code == 404
+    assert client.delete(f"/v1/documents/{visible.pk}").status_code == 403
+    assert Document.objects.filter(pk=visible.pk).exists()
+
+
+def test_staff_delete_documents(staff, hr):
+    document = Document.objects.create(collection=hr, title="old.md", file="old.md")
+    response = staff.delete(f"/v1/documents/{document.pk}")
+    assert response.json() == {"id": document.pk, "object": "document", "deleted": True}
+    assert staff.delete(f"/v1/documents/{document.pk}").status_code == 404
+
+
+@pytest.mark.django_db(transaction=True)
+def test_search_returns_chunks_with_scores_and_citations_within_the_users_rights(retriever):
+    hr = Collection.objects.create(name="HR")
+    ingest(add_document(hr, "handbook.md", HANDBOOK).pk, retriever)
+    user = User.objects.create_user("member")
+    client = client_for(user)
+    body = {"query": "paid holiday", "top_k": 1}
+    assert client.post("/v1/search", body, content_type="application/json").json()["data"] == []
+    response = client.post(
+        "/v1/search", {**body, "collections": ["HR"]}, content_type="application/json"
+    )
+    assert response.status_code == 403
+    hr.readers.add(user)
+    [hit] = client.post("/v1/search", body, content_type="application/json").json()["data"]
+    assert hit["document_title"] == "handbook.md" and "thirty days" in hit["snippet"]
+    assert (
+        hit["n"] == 1
+        and isinstance(hit["score"], float)
+        and hit["url"].endswith(f"#chunk-{hit['chunk_id']}")
+    )
+
+
+def test_every_endpoint_wants_a_valid_key(hr):
+    client = Client()
+    for method, path in [("get", "/v1/documents"), ("get", "/v1/models"),
+                         ("post", "/v1/search")]:  # fmt: skip
+        response = getattr(client, method)(path)
+        assert response.status_code == 401
+        assert response.json()["error"]["type"] == "authentication_error"
+    bad = Client(headers={"Authorization": "Bearer ck-wrong"})
+    assert bad.get("/v1/documents").status_code == 401
