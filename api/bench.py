@@ -29,11 +29,9 @@ import argparse
 import asyncio
 import dataclasses
 import gc
-import json
 import logging
 import os
 import secrets
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from frontend.live_server import LiveServer, LiveServerError
+from frontend.bench import BenchError, counts, rounded, run_cli
+from frontend.live_server import LiveServer, LiveServerError, default_models_dir
 from inference.bench import SMOKE, Seeds, Workload, text_of_tokens
 
 logger = logging.getLogger(__name__)
@@ -52,10 +51,6 @@ SMOKE_CONCURRENCY, SMOKE_MAX_TOKENS = 2, 4
 KEY_REQUESTS_PER_MINUTE = 1_000_000
 KEY_TOKENS_PER_MINUTE = 1_000_000_000
 MAX_ERROR_DETAILS = 10
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not run (the server did not start, setting it up failed...)."""
 
 
 # --- The server's side: its key and engine settings (run by `LiveServer.call`) ---
@@ -121,23 +116,12 @@ def workload_texts(tokenizer, workload: Workload, concurrency: int) -> Texts:
 # --- The report's numbers ---
 
 
-def _round(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
-
-
 def _spread(values: list[float], key: str, digits: int = 4) -> dict:
     """p50 and p95 of `values`, under `key` with {} as the percentile (None without values)."""
     return {
-        key.format(q): _round(np.percentile(values, q), digits) if values else None
+        key.format(q): rounded(np.percentile(values, q), digits) if values else None
         for q in (50, 95)
     }
-
-
-def _count(values) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for value in values:
-        counts[str(value)] = counts.get(str(value), 0) + 1
-    return counts
 
 
 # --- (a) The engine in this process ---
@@ -173,19 +157,19 @@ def bench_engine(engine_config: dict, workload: Workload, concurrency: int) -> t
     usages = [r.usage for r in results]
     completion = sum(u.completion_tokens for u in usages)
     report = {
-        "throughput_tok_s": _round(completion / wall_s, 2),
-        "wall_s": _round(wall_s, 3),
+        "throughput_tok_s": rounded(completion / wall_s, 2),
+        "wall_s": rounded(wall_s, 3),
         "requests": len(results),
         "completion_tokens": completion,
         "prompt_tokens": [u.prompt_tokens for u in usages],
-        "prompt_tokens_mean": _round(np.mean([u.prompt_tokens for u in usages]), 1),
-        "cached_tokens_mean": _round(np.mean([u.cached_tokens for u in usages]), 1),
+        "prompt_tokens_mean": rounded(np.mean([u.prompt_tokens for u in usages]), 1),
+        "cached_tokens_mean": rounded(np.mean([u.cached_tokens for u in usages]), 1),
         **_spread([u.ttft_s for u in usages if u.ttft_s is not None], "ttft_p{}_s"),
         **_spread([u.tokens_per_s for u in usages if u.tokens_per_s], "tokens_per_s_p{}", 2),
         "preemptions": sum(u.num_preemptions for u in usages),
-        "finish_reasons": _count(r.finish_reason for r in results),
-        "load_s": _round(load_s, 2),
-        "cpu_s": _round(cpu_s, 2),
+        "finish_reasons": counts(r.finish_reason for r in results),
+        "load_s": rounded(load_s, 2),
+        "cpu_s": rounded(cpu_s, 2),
     }
     return report, texts
 
@@ -286,24 +270,24 @@ def summarize_api(results: list[StreamResult], wall_s: float) -> dict:
     completion = sum(r.completion_tokens for r in answered)
     errors = [{"client": r.index, **r.error} for r in results if r.error is not None]
     return {
-        "throughput_tok_s": _round(completion / wall_s, 2) if wall_s > 0 else None,
-        "wall_s": _round(wall_s, 3),
+        "throughput_tok_s": rounded(completion / wall_s, 2) if wall_s > 0 else None,
+        "wall_s": rounded(wall_s, 3),
         "requests": len(results),
         "answered": len(answered),
         "completion_tokens": completion,
         "prompt_tokens": [r.prompt_tokens for r in results],
-        "prompt_tokens_mean": _round(np.mean([r.prompt_tokens for r in answered]), 1)
+        "prompt_tokens_mean": rounded(np.mean([r.prompt_tokens for r in answered]), 1)
         if answered
         else None,
-        "cached_tokens_mean": _round(np.mean([r.cached_tokens or 0 for r in answered]), 1)
+        "cached_tokens_mean": rounded(np.mean([r.cached_tokens or 0 for r in answered]), 1)
         if answered
         else None,
         **_spread([r.ttft_s for r in answered if r.ttft_s is not None], "ttft_p{}_s"),
         **_spread([r.tokens_per_s for r in answered if r.tokens_per_s], "tokens_per_s_p{}", 2),
-        "content_chunks_mean": _round(np.mean([r.content_chunks for r in answered]), 1)
+        "content_chunks_mean": rounded(np.mean([r.content_chunks for r in answered]), 1)
         if answered
         else None,
-        "finish_reasons": _count(r.finish_reason for r in answered),
+        "finish_reasons": counts(r.finish_reason for r in answered),
         "errors": len(errors),
         "error_details": errors[:MAX_ERROR_DETAILS],
     }
@@ -347,11 +331,7 @@ def run_bench(
         output_tokens=max_tokens,
         concurrency=(concurrency,),
     )
-    if models_dir is None:
-        from frontend.bench import default_models_dir
-
-        models_dir = default_models_dir()
-    models_dir = Path(models_dir)
+    models_dir = Path(models_dir) if models_dir is not None else default_models_dir()
     models_dir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     try:
@@ -403,13 +383,13 @@ def run_bench(
             server_cpu_end = _cpu_s(server.pid)
             api = summarize_api(results, wall_s)
             api |= {
-                "warmup_ttft_s": _round(warm.ttft_s),
-                "startup_s": _round(startup_s, 2),
-                # NOTE: includes the warm-up request, and the bench clients' own share of the CPUs.
-                "server_cpu_s": _round(server_cpu_end - server_cpu, 2)
+                "warmup_ttft_s": rounded(warm.ttft_s),
+                "startup_s": rounded(startup_s, 2),
+                # NOTE: both include the warm-up request; the clients' is this whole process's.
+                "server_cpu_s": rounded(server_cpu_end - server_cpu, 2)
                 if server_cpu is not None and server_cpu_end is not None
                 else None,
-                "client_cpu_s": _round(client_cpu, 2),
+                "client_cpu_s": rounded(client_cpu, 2),
                 "server_engine": server.engine_metrics(),
             }
             if api["errors"]:
@@ -453,7 +433,7 @@ def format_report(report: dict) -> str:
         return (
             f"{name:<7} {side['throughput_tok_s'] or 0:>8.1f} {side['wall_s'] or 0:>7.2f}s "
             f"{side['ttft_p50_s'] or 0:>8.3f}s {side['ttft_p95_s'] or 0:>8.3f}s "
-            f"{side['tokens_per_s_p50'] or 0:>10.1f} {side['prompt_tokens_mean'] or 0:>8.0f} "
+            f"{side['tokens_per_s_p50'] or 0:>12.1f} {side['prompt_tokens_mean'] or 0:>8.0f} "
             f"{side['cached_tokens_mean'] or 0:>7.0f}"
         )
 
@@ -464,7 +444,7 @@ def format_report(report: dict) -> str:
         f"(load {config['load_avg_start'][0]} at the start)",
         "",
         f"{'':<7} {'tok/s':>8} {'wall':>8} {'ttft p50':>9} {'ttft p95':>9} "
-        f"{'stream tok/s':>10} {'prompt':>8} {'cached':>7}",
+        f"{'stream tok/s':>12} {'prompt':>8} {'cached':>7}",
         row("engine", engine),
         row("api", api),
         "",
@@ -473,10 +453,6 @@ def format_report(report: dict) -> str:
     ]
     lines += [f"error: {error}" for error in api["error_details"]]
     return "\n".join(lines)
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,12 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if min(args.concurrency, args.max_tokens) < 1:
         parser.error("--concurrency and --max-tokens must be at least 1")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    for name in ("httpx", "httpx2"):  # a line per request otherwise
+    for name in ("httpx", "httpx2"):  # a log line per request otherwise
         logging.getLogger(name).setLevel(logging.WARNING)
-    signal.signal(signal.SIGTERM, _raise_interrupt)  # stop the server on `kill` too
-    try:
-        report = run_bench(
+    return run_cli(
+        lambda: run_bench(
             concurrency=args.concurrency,
             max_tokens=args.max_tokens,
             smoke=args.smoke,
@@ -513,19 +487,11 @@ def main(argv: list[str] | None = None) -> int:
             kv_cache_mb=args.kv_cache_mb,
             startup_timeout_s=args.startup_timeout,
             request_timeout_s=args.request_timeout,
-        )
-    except BenchError as error:
-        logger.error("%s", error)
-        return 2
-    except KeyboardInterrupt:
-        logger.error("interrupted; the server was stopped")
-        return 130
-    if args.json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_report(report) + "\n")
-    return 1 if report["api"]["errors"] else 0
+        ),
+        as_json=args.json,
+        format_report=format_report,
+        num_errors=lambda report: report["api"]["errors"],
+    )
 
 
 if __name__ == "__main__":
