@@ -35,6 +35,10 @@ def source_json(number: int, hit: SearchHit, *, quoted_earlier: bool = False) ->
     }
 
 
+def facts_line(user_name: str, today: datetime.date) -> str:
+    return f"Today is {today:%A, %B %-d, %Y}. I am {user_name}."
+
+
 def user_turn_text(
     question: str,
     hits: list[SearchHit],
@@ -42,12 +46,14 @@ def user_turn_text(
     user_name: str,
     today: datetime.date,
     quoted_earlier: Collection[int] = frozenset(),
+    known_facts: str = "",
 ) -> str:
     """The user turn with numbered passages first, so "[n]" in the answer names a source.
 
     A passage whose chunk id is in `quoted_earlier` is already quoted in the conversation's
     history: it is named, not repeated, which keeps each new turn short (less to prefill, more
-    of the prompt served from the prefix cache).
+    of the prompt served from the prefix cache). Today's facts are left out when `known_facts`
+    (the conversation's earlier user turns) already state them.
     """
     parts = []
     if hits:
@@ -57,9 +63,11 @@ def user_turn_text(
             if hit.page is not None:
                 where += f" (page {hit.page})"
             if hit.chunk_id in quoted_earlier:
-                parts.append(f"[{number}] {where} (quoted in full earlier in our conversation)")
+                parts.append(f"[{number}] {where} (quoted above)")
             else:
                 parts.append(f"[{number}] {where}\n{hit.text.strip()}")
-    parts.append(f"Today is {today:%A, %B %-d, %Y}. I am {user_name}.")
+    facts = facts_line(user_name, today)
+    if facts not in known_facts:
+        parts.append(facts)
     parts.append(f"Question: {question.strip()}" if hits else question.strip())
     return "\n\n".join(parts)

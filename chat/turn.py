@@ -232,8 +232,9 @@ MAX_PASSAGE_LAYOUTS = 3
 def _build_with_passages(builder, turn: TurnInput, history: list[Turn], hits: list, answer):
     """The prompt with this turn's passages; ones still quoted in the kept history are named.
 
-    Dropping old turns (a full context) can drop a quote, so the layout is redone against the
-    turns actually kept until it is stable; failing that, every passage is quoted in full.
+    Dropping old turns (a full context) can drop a quote (or today's facts), so the layout is
+    redone against the turns actually kept until it is stable; failing that, every passage is
+    quoted in full.
     """
     num_kept_from = 0
     for attempt in range(MAX_PASSAGE_LAYOUTS + 1):
@@ -252,14 +253,23 @@ def _build_with_passages(builder, turn: TurnInput, history: list[Turn], hits: li
             user_name=turn.user.get_full_name() or turn.user.get_username(),
             today=timezone.localdate(),
             quoted_earlier=quoted,
+            known_facts=_user_turns_text(turn.history[num_kept_from:]),
         )
         prompt = builder.build(
             history, answer.prompt_content, max_tokens=turn.params.max_tokens or 1
         )
-        if prompt.num_dropped_turns == num_kept_from or not quoted:
+        if prompt.num_dropped_turns == num_kept_from:
             return prompt
         num_kept_from = prompt.num_dropped_turns
     return prompt
+
+
+def _user_turns_text(history: list[Turn | Message]) -> str:
+    return "\n".join(
+        item.prompt_content
+        for item in history
+        if isinstance(item, Message) and item.role == Message.Role.USER
+    )
 
 
 def _quoted_chunk_ids(history: list[Turn | Message]) -> set[int]:

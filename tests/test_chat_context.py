@@ -35,8 +35,17 @@ def test_a_passage_already_quoted_in_the_conversation_is_named_not_repeated():
     hits = [hit(7, "Thirty days.", heading_path=["Leave"]), hit(8, "Trains.")]
     text = user_turn_text("And travel?", hits, user_name="Alice", today=TODAY, quoted_earlier={7})
     assert "Thirty days." not in text and "Trains." in text
-    assert "[1] handbook.md > Leave (quoted in full earlier in our conversation)" in text
+    assert "[1] handbook.md > Leave (quoted above)" in text
     assert source_json(1, hits[0], quoted_earlier=True)["quoted_earlier"] is True
+
+
+def test_todays_facts_are_left_out_when_the_conversation_already_states_them():
+    first = user_turn_text("Hi", [], user_name="Bob", today=TODAY)
+    second = user_turn_text("And?", [], user_name="Bob", today=TODAY, known_facts=first)
+    assert second == "And?"
+    tomorrow = datetime.date(2026, 11, 30)
+    third = user_turn_text("And?", [], user_name="Bob", today=tomorrow, known_facts=first)
+    assert third.startswith("Today is Monday, November 30, 2026.")
 
 
 def test_without_passages_the_turn_is_the_question_after_todays_facts():

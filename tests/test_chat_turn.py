@@ -130,7 +130,8 @@ async def test_passages_quoted_in_an_earlier_turn_are_named_not_repeated(
     first_question, _, second_question, second_answer = await messages_of(conversation_id)
     assert first_question.prompt_content.count("thirty days of paid holiday") == 1
     assert "thirty days of paid holiday" not in second_question.prompt_content
-    assert "quoted in full earlier in our conversation" in second_question.prompt_content
+    assert "(quoted above)" in second_question.prompt_content
+    assert "Today is" not in second_question.prompt_content  # stated in the first turn
     assert all(source["quoted_earlier"] for source in second_answer.sources)
     assert len(second_question.prompt_content) < len(first_question.prompt_content)
 
