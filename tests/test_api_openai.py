@@ -5,6 +5,7 @@ cached tokens on a repeated prefix, RAG with sources, completions, embeddings, a
 client sees: bad key, unknown model, over-long prompt, rate limit.
 """
 
+# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import json
@@ -16,6 +17,7 @@ import openai
 import pytest
 
 from frontend.live_server import LiveServer
+from tests.chat_fixtures import served_engine  # noqa: F401
 
 pytestmark = pytest.mark.slow
 
@@ -260,3 +262,31 @@ def test_usage_is_counted_on_the_key(server) -> None:
     ).split()
     num_requests, prompt_tokens, completion_tokens = map(int, counts)
     assert num_requests >= 10 and prompt_tokens > 500 and completion_tokens > 50
+
+
+@pytest.mark.django_db(transaction=True)
+def test_requests_beyond_the_pending_limit_get_503_with_retry_after(
+    served_engine, settings
+) -> None:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from api import rate_limits
+    from api.models import ApiKey
+    from inference.engine.sampling_params import SamplingParams
+
+    rate_limits.reset()
+    _, key = ApiKey.create_for(User.objects.create_user("busy"), "busy")
+    settings.CACHET_API_MAX_PENDING = 1
+    request_id = served_engine.submit("Count to a thousand.", SamplingParams(max_tokens=2000))
+    try:
+        response = Client(headers={"Authorization": f"Bearer {key}"}).post(
+            "/v1/chat/completions",
+            {"model": MODEL, "messages": MESSAGES, "max_tokens": 4},
+            content_type="application/json",
+        )
+    finally:
+        served_engine.abort(request_id)
+    assert response.status_code == 503
+    assert response["Retry-After"] == "1"
+    assert response.json()["error"]["code"] == "overloaded"
