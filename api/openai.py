@@ -28,6 +28,7 @@ from api.errors import ApiError
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
 from chat.errors import ChatError
 from chat.models import AssistantProfile
+from chat.prompting import cache_salt_for
 from chat.turn import Answer, TokenDelta, TurnControl, TurnInput, answer_turn
 from inference import runtime
 from inference.engine.engine import Engine
@@ -223,6 +224,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
         # NOTE: without RAG the user's text goes to the model verbatim, as API clients expect.
         prompt_content=None if rag else question,
         request_id_prefix="api",
+        cache_salt=cache_salt_for(api_key.user),
     )
     answer, control = Answer(), TurnControl()
     events = answer_turn(turn, answer, control)
@@ -332,7 +334,8 @@ async def completions(request: HttpRequest, body: CompletionRequest):
             raise ApiError(400, "A prompt must not be empty.", param="prompt")
         try:
             request_id = f"api-{uuid.uuid4().hex[:16]}"
-            streams.append(engine.stream(prompt, params, request_id=request_id))
+            salt = cache_salt_for(api_key.user)
+            streams.append(engine.stream(prompt, params, request_id=request_id, cache_salt=salt))
         except PromptTooLongError as error:
             raise ApiError(
                 400, str(error), code="context_length_exceeded", param="prompt"

@@ -6,6 +6,8 @@ import secrets
 import threading
 import weakref
 
+from django.conf import settings
+
 from chat.models import AssistantProfile
 from inference.engine.engine import Engine
 from inference.engine.sampling_params import SamplingParams
@@ -33,6 +35,13 @@ def prompt_builder_for(engine: Engine, system_prompt: str) -> PromptBuilder:
             )
             builders[system_prompt] = builder
         return builder
+
+
+def cache_salt_for(user) -> str | None:
+    """The prefix-cache salt of `user`'s requests: None shares cached blocks between users."""
+    if settings.CACHET_CACHE_ISOLATION == "user":
+        return f"user:{user.pk}"
+    return None
 
 
 def sampling_params_for(

@@ -25,7 +25,7 @@ from chat import store
 from chat.context import source_json, user_turn_text
 from chat.errors import ChatError
 from chat.models import Conversation, Message
-from chat.prompting import prompt_builder_for, sampling_params_for
+from chat.prompting import cache_salt_for, prompt_builder_for, sampling_params_for
 from inference import runtime
 from inference.engine.engine import Engine
 from inference.engine.outputs import Delta, EngineClosedError, RequestFailedError, Usage
@@ -208,6 +208,7 @@ async def run_turn(
         prompt_content=question.prompt_content or None,
         sources=question.sources,
         request_id_prefix=f"chat-{begun.conversation.pk}",
+        cache_salt=cache_salt_for(request.user),
     )
     answer = Answer()
     try:

@@ -34,6 +34,16 @@ try:
     # and embedding share two cores (measured: see the README).
     CACHET_TORCH_THREADS = env.read_int(os.environ, "CACHET_TORCH_THREADS", default=0, minimum=0)
     CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)
+    # Served over HTTPS (usually behind a TLS-terminating proxy): secure cookies, HSTS, redirects.
+    CACHET_HTTPS = env.read_bool(os.environ, "CACHET_HTTPS", default=False)
+    # "user": each user's prompts get their own prefix-cache blocks (no cross-user cache hits,
+    # so no timing side channel between users); "shared" (default) lets every chat reuse the
+    # cached system prompt.
+    CACHET_CACHE_ISOLATION = env.read_str(os.environ, "CACHET_CACHE_ISOLATION", default="shared")
+    if CACHET_CACHE_ISOLATION not in {"shared", "user"}:
+        raise env.ConfigError(
+            "CACHET_CACHE_ISOLATION", f"expected shared or user; got {CACHET_CACHE_ISOLATION!r}"
+        )
     CSRF_TRUSTED_ORIGINS = env.read_list(os.environ, "CACHET_CSRF_TRUSTED_ORIGINS", default=[])
     # --- Retrieval (retrieval/; defaults measured, see the README's "Retrieval" section) ---
     CACHET_MAX_UPLOAD_MB = env.read_int(os.environ, "CACHET_MAX_UPLOAD_MB", default=50, minimum=1)
@@ -218,6 +228,15 @@ CSRF_COOKIE_SAMESITE = "Lax"
 SESSION_COOKIE_SAMESITE = "Lax"
 X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
+if CACHET_HTTPS:
+    SECURE_SSL_REDIRECT = True
+    # NOTE: the proxy in front terminates TLS and says so in this header (see the README).
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = 31_536_000
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = True
+    SECURE_HSTS_PRELOAD = True
 
 LOGGING = {
     "version": 1,

@@ -8,6 +8,8 @@ import json
 
 import pytest
 from asgiref.sync import sync_to_async
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from chat.consumers import CLOSE_UNAUTHENTICATED
 from chat.models import Conversation, Message
@@ -242,3 +244,78 @@ async def test_anonymous_and_cross_origin_sockets_are_refused(alice) -> None:
     foreign = await communicator("/ws/chat/", alice, origin=b"http://evil.example")
     connected, _ = await foreign.connect()
     assert not connected
+
+
+KNOWN_FRAME_TYPES = {"start", "sources", "token", "done", "error", "pong"}
+KNOWN_ERROR_CODES = {
+    "bad_json", "bad_frame", "unknown_type", "invalid", "too_long", "not_found", "busy",
+    "nothing_to_regenerate", "context_overflow", "engine_unavailable", "engine_error",
+}  # fmt: skip
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=40),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3)
+    ),
+    max_leaves=8,
+)
+FIELDS = ("content", "conversation", "collections", "profile", "seed")
+FUZZED_FRAMES = st.one_of(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(["message", "stop", "regenerate", "ping", "launch"])},
+        optional={name: JSON_VALUES for name in FIELDS},
+    ).map(json.dumps),
+    JSON_VALUES.map(json.dumps),
+    # NOTE: min_size 1: the test communicator cannot send an empty text frame.
+    st.text(min_size=1, max_size=200),
+)
+
+
+async def settle(ws) -> list[dict]:
+    """Frames until the ping sent after the fuzzed frame is answered and no turn is running."""
+    await ws.send_json_to({"type": "ping"})
+    frames, turn_running, ponged = [], False, False
+    while not ponged or turn_running:
+        frame = await ws.receive_json_from(timeout=TIMEOUT_S)
+        frames.append(frame)
+        if frame["type"] == "start":
+            turn_running = True
+        elif frame["type"] in {"done", "error"} and turn_running and frame.get("code") != "busy":
+            turn_running = False
+        elif frame["type"] == "pong":
+            ponged = True
+    return frames
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(text=FUZZED_FRAMES)
+async def test_fuzzed_frames_get_protocol_frames_only_and_the_socket_stays_usable(
+    served_engine, quick_profile, alice, text
+) -> None:
+    await sync_to_async(type(quick_profile).objects.filter(pk=quick_profile.pk).update)(
+        max_tokens=2
+    )
+    ws = await chat_socket(alice)
+    try:
+        await ws.send_to(text_data=text)
+        for frame in await settle(ws):
+            assert frame["type"] in KNOWN_FRAME_TYPES, frame
+            if frame["type"] == "error":
+                assert frame["code"] in KNOWN_ERROR_CODES and frame["message"], frame
+    finally:
+        await ws.disconnect()
+
+
+async def test_a_flood_of_frames_is_answered_in_order_and_huge_frames_are_refused(alice) -> None:
+    ws = await chat_socket(alice)
+    try:
+        for _ in range(500):
+            await ws.send_json_to({"type": "ping"})
+        await ws.send_to(text_data="x" * 2_000_000)
+        await ws.send_to(bytes_data=b"\x00" * 100_000)
+        for _ in range(500):
+            assert await ws.receive_json_from(timeout=TIMEOUT_S) == {"type": "pong"}
+        assert (await ws.receive_json_from(timeout=TIMEOUT_S))["code"] == "too_long"
+        assert (await ws.receive_json_from(timeout=TIMEOUT_S))["code"] == "bad_frame"
+        await assert_still_usable(ws)
+    finally:
+        await ws.disconnect()

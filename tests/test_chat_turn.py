@@ -9,7 +9,7 @@ import pytest
 from asgiref.sync import sync_to_async
 
 from chat.errors import ChatError
-from chat.models import Conversation, Message
+from chat.models import AssistantProfile, Conversation, Message
 from chat.prompting import prompt_builder_for, sampling_params_for
 from chat.turn import (
     SourcesFound,
@@ -263,3 +263,25 @@ async def test_bad_content_is_refused_before_anything_is_saved(
         await collect(TurnRequest(user=alice, content=content))
     assert raised.value.code == code
     assert not await sync_to_async(Conversation.objects.exists)()
+
+
+@pytest.mark.parametrize("isolation", ["shared", "user"])
+async def test_with_per_user_cache_isolation_users_never_hit_each_others_cached_blocks(
+    served_engine, alice, bob, settings, isolation
+) -> None:
+    settings.CACHET_CACHE_ISOLATION = isolation
+    system_prompt = f"You are the {isolation} test assistant. " + "Answer briefly. " * 60
+    await sync_to_async(AssistantProfile.objects.create)(
+        name=f"isolation-{isolation}", is_default=True, system_prompt=system_prompt,
+        temperature=0.0, max_tokens=4,
+    )  # fmt: skip
+    await collect(TurnRequest(user=alice, content="Hello there."))
+    await collect(TurnRequest(user=alice, content="Hello again."))
+    events = await collect(TurnRequest(user=bob, content="Hello there."))
+    bobs = events[-1].message
+    alices = (await sync_to_async(list)(Message.objects.filter(role="assistant")))[1]
+    assert alices.cached_tokens >= 128  # her own system prompt, from the cache
+    if isolation == "user":
+        assert bobs.cached_tokens == 0
+    else:
+        assert bobs.cached_tokens >= 128

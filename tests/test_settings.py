@@ -76,6 +76,10 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
             "CACHET_EMBEDDING_MODEL:",
         ),
         ({"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_ALLOWED_HOSTS": ","}, "CACHET_ALLOWED_HOSTS:"),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_CACHE_ISOLATION": "tenant"},
+            "CACHET_CACHE_ISOLATION: expected shared or user",
+        ),
     ],
 )
 def test_a_bad_value_stops_start_up_with_one_line_naming_the_variable(
@@ -94,3 +98,21 @@ def test_torch_threads_are_set_process_wide_when_configured(tmp_path: Path) -> N
     result = run_with(environment | {"CACHET_TORCH_THREADS": "1"}, "-c", probe)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "1"
+
+
+def test_the_documented_production_settings_pass_the_deploy_checks(tmp_path: Path) -> None:
+    production = {
+        "CACHET_SECRET_KEY": "k" * 20
+        + "production-secret-key-of-sufficient-length-and-variety-9f3a",
+        "CACHET_DATA_DIR": str(tmp_path),
+        "CACHET_ALLOWED_HOSTS": "chat.example.com",
+        "CACHET_CSRF_TRUSTED_ORIGINS": "https://chat.example.com",
+        "CACHET_HTTPS": "1",
+    }
+    result = run_with(production, "manage.py", "check", "--deploy", "--fail-level", "WARNING")
+    assert result.returncode == 0, result.stdout + result.stderr
+    without_https = run_with(
+        production | {"CACHET_HTTPS": "0"}, "manage.py", "check", "--deploy", "--fail-level",
+        "WARNING",
+    )  # fmt: skip
+    assert without_https.returncode != 0  # the checks do notice what HTTPS settings bring
