@@ -17,7 +17,7 @@ from chat.context import source_json
 from retrieval.forms import UploadForm
 from retrieval.models import Collection, Document
 from retrieval.search import search
-from retrieval.tasks import add_upload
+from retrieval.tasks import add_upload, drop_unqueued
 
 router = Router(tags=["Documents"])
 MAX_LISTED = 1000
@@ -69,6 +69,9 @@ def upload_document(
         raise ApiError(400, message)
     with transaction.atomic():
         document = add_upload(form.cleaned_data["collection"], file, user)
+    reason = drop_unqueued([document])
+    if reason is not None:
+        raise ApiError(503, reason, code="queue_unavailable", headers={"Retry-After": "10"})
     document.refresh_from_db()
     return 201, document_json(document)
 

@@ -32,7 +32,13 @@ from chat.prompting import cache_salt_for
 from chat.turn import Answer, TokenDelta, TurnControl, TurnInput, answer_turn
 from inference import runtime
 from inference.engine.engine import Engine
-from inference.engine.outputs import Delta, PromptTooLongError, RequestFailedError, Usage
+from inference.engine.outputs import (
+    Delta,
+    EngineClosedError,
+    PromptTooLongError,
+    RequestFailedError,
+    Usage,
+)
 from inference.engine.sampling_params import SamplingParams
 from inference.models import ModelConfig
 from inference.prompts import Turn
@@ -50,6 +56,27 @@ ENGINE_FAILED = {
         "code": "engine_error",
     }
 }
+# NOTE: the engine aborts a request the client did not stop when it shuts down: the model was
+# reloaded and the request outlived the old engine's drain period, or the server is stopping.
+# OpenAI has no finish reason for that; a truncated answer ending in "stop" would look whole.
+ENGINE_ABORTED_MESSAGE = (
+    "The server ended this request before it finished (the model was reloaded, or the server "
+    "is stopping); retry."
+)
+ENGINE_ABORTED = {
+    "error": {
+        "message": ENGINE_ABORTED_MESSAGE,
+        "type": "server_error",
+        "param": None,
+        "code": "engine_restarted",
+    }
+}
+
+
+def _engine_aborted() -> ApiError:
+    return ApiError(
+        503, ENGINE_ABORTED_MESSAGE, code="engine_restarted", headers={"Retry-After": "1"}
+    )
 
 
 # ---- models ----
@@ -247,6 +274,8 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
         await _settle(api_key, answer.usage, answer.num_prompt_tokens)
     if answer.finish_reason == "error":
         raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
+    if answer.finish_reason == "abort":
+        raise _engine_aborted()
     body_json = {
         "id": completion_id,
         "object": "chat.completion",
@@ -297,6 +326,9 @@ async def _chat_stream(
                     yield chunk({"content": event.text})
         if answer.finish_reason == "error":
             yield _sse(ENGINE_FAILED)
+            return
+        if answer.finish_reason == "abort":
+            yield _sse(ENGINE_ABORTED)
             return
         yield chunk({}, _finish_reason(answer.finish_reason))
         if usage:
@@ -357,6 +389,8 @@ async def completions(request: HttpRequest, body: CompletionRequest):
         await _settle(api_key, usage)
     if any(reason == "error" for _, reason, _ in results):
         raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
+    if any(reason == "abort" for _, reason, _ in results):
+        raise _engine_aborted()
     return JsonResponse(
         {
             **header,
@@ -388,19 +422,31 @@ async def _collect(stream) -> tuple[str, str | None, Usage | None]:
                 usage = item
     except RequestFailedError:
         reason = "error"
+    except EngineClosedError:  # shut down between taking the engine and queueing on it
+        reason = "abort"
     return "".join(parts), reason, usage
 
 
 async def _completion_stream(stream, header: dict, api_key, include_usage: bool):
     usage = None
     try:
-        async for item in stream:
-            if isinstance(item, Usage):
-                usage = item
-                continue
-            if item.text or item.finish_reason:
-                reason = _finish_reason(item.finish_reason) if item.finish_reason else None
-                yield _sse({**header, "choices": [_completion_choice(0, item.text, reason)]})
+        try:
+            async for item in stream:
+                if isinstance(item, Usage):
+                    usage = item
+                    continue
+                if item.finish_reason == "abort":
+                    yield _sse(ENGINE_ABORTED)
+                    return
+                if item.text or item.finish_reason:
+                    reason = _finish_reason(item.finish_reason) if item.finish_reason else None
+                    yield _sse({**header, "choices": [_completion_choice(0, item.text, reason)]})
+        except RequestFailedError:
+            yield _sse(ENGINE_FAILED)
+            return
+        except EngineClosedError:
+            yield _sse(ENGINE_ABORTED)
+            return
         if include_usage and usage is not None:
             usage_json = _usage_json(
                 usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens

@@ -74,6 +74,10 @@ def _collection_ids(frame: dict) -> list[int] | None:
 
 
 class ChatConsumer(AsyncJsonWebsocketConsumer):
+    # NOTE: the chat needs no channel layer (the engine streams in this process, and nothing is
+    # sent to a chat socket through groups). An alias that names no layer keeps it off Redis,
+    # so a Redis outage cannot close chat sockets.
+    channel_layer_alias = "chat-uses-no-channel-layer"
     turn_task: asyncio.Task | None = None
     control: TurnControl | None = None
 

@@ -18,7 +18,7 @@ from django.views.decorators.http import require_http_methods
 from chat.models import AssistantProfile, Conversation, Message
 from retrieval.forms import UploadForm
 from retrieval.models import Collection
-from retrieval.tasks import add_upload
+from retrieval.tasks import add_upload, drop_unqueued
 
 MAX_CONVERSATIONS_LISTED = 500
 
@@ -146,6 +146,9 @@ def document_upload(request: HttpRequest) -> JsonResponse:
             add_upload(form.cleaned_data["collection"], upload, request.user)
             for upload in form.cleaned_data["files"]
         ]
+    reason = drop_unqueued(documents)
+    if reason is not None:
+        return error_response(503, "queue_unavailable", reason)
     document = documents[0]
     return JsonResponse(
         {"document": {"id": document.pk, "title": document.title, "status": document.status}},

@@ -47,6 +47,13 @@ try:
     CSRF_TRUSTED_ORIGINS = env.read_list(os.environ, "CACHET_CSRF_TRUSTED_ORIGINS", default=[])
     # --- Retrieval (retrieval/; defaults measured, see the README's "Retrieval" section) ---
     CACHET_MAX_UPLOAD_MB = env.read_int(os.environ, "CACHET_MAX_UPLOAD_MB", default=50, minimum=1)
+    CACHET_MAX_UNPACKED_MB = env.read_int(
+        os.environ, "CACHET_MAX_UNPACKED_MB", default=100, minimum=1
+    )
+    CACHET_MAX_PDF_PAGES = env.read_int(os.environ, "CACHET_MAX_PDF_PAGES", default=5000, minimum=1)
+    CACHET_EXTRACT_TIMEOUT_S = env.read_int(
+        os.environ, "CACHET_EXTRACT_TIMEOUT_S", default=300, minimum=1
+    )
     CACHET_CHUNK_TOKENS = env.read_int(os.environ, "CACHET_CHUNK_TOKENS", default=200, minimum=16)
     CACHET_CHUNK_OVERLAP = env.read_int(os.environ, "CACHET_CHUNK_OVERLAP", default=30, minimum=0)
     CACHET_SEARCH_TOP_K = env.read_int(os.environ, "CACHET_SEARCH_TOP_K", default=5, minimum=1)
@@ -171,10 +178,27 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 if REDIS_URL:
+    from redis.asyncio.retry import Retry
+    from redis.backoff import NoBackoff
+
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            # NOTE: a consumer waits for messages with BZPOPMIN, 5 s at a time; redis-py's
+            # default read timeout is also 5 s, so an idle wait timed out and the error closed
+            # the WebSocket (1011) after 5 s without a message. Reads get more than the 5 s;
+            # connecting fails fast while Redis is down; one immediate retry replaces a pooled
+            # connection that a Redis restart broke (else its next user fails once).
+            "CONFIG": {
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        "socket_timeout": 15,
+                        "socket_connect_timeout": 3,
+                        "retry": Retry(NoBackoff(), 1),
+                    }
+                ]
+            },
         }
     }
 else:

@@ -13,6 +13,9 @@ engine starts with the server, and `/metrics` opens to the server's `metrics_tok
         key = live.shell("...; print(raw_key)").strip()  # or live.call("pkg.mod:setup", spec)
         live.start()
         ...  # live.url, live.metrics(), live.log_tail()
+
+`stop()` (SIGTERM) and `kill()` (SIGKILL, as a crash) keep the data dir; `start()` then runs a
+new server on it, on the same port.
 """
 
 from __future__ import annotations
@@ -301,6 +304,20 @@ class LiveServer:
                 logger.warning("the server did not stop in %.0fs; killing it", STOP_TIMEOUT_S)
                 self._process.kill()
                 self._process.wait()
+        self._release()
+
+    def kill(self) -> None:
+        """Kill the server with SIGKILL, as a crash would: no clean-up runs in it.
+
+        The data dir is kept, as by `stop()`: `start()` runs a new server on the same data dir
+        (and port), which is how the reliability tests restart a killed server.
+        """
+        if self._process is not None and self._process.poll() is None:
+            self._process.kill()
+            self._process.wait()
+        self._release()
+
+    def _release(self) -> None:
         self._process = None
         if self._log_file is not None:
             self._log_file.close()

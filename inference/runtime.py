@@ -27,6 +27,10 @@ logger = logging.getLogger(__name__)
 
 DRAIN_GRACE_S = 120.0
 DRAIN_POLL_S = 0.2
+# A request takes the engine, then builds its prompt and queues on it (a thread hop, the start of
+# its response): an old engine is not shut down as idle before this long after the swap, so such a
+# request, which took it just before, still runs on it instead of failing.
+DRAIN_SETTLE_S = 2.0
 
 
 class EngineUnavailable(RuntimeError):
@@ -140,6 +144,7 @@ def _load(model_config: ModelConfig | None, name: str, generation: int) -> None:
 
 
 def _drain(engine: Engine, grace_s: float = DRAIN_GRACE_S) -> None:
+    time.sleep(min(DRAIN_SETTLE_S, grace_s))
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline and engine.has_unfinished_requests():
         time.sleep(DRAIN_POLL_S)

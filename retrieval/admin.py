@@ -15,7 +15,7 @@ from django.utils.html import format_html
 
 from retrieval.forms import SearchPreviewForm, UploadForm
 from retrieval.models import Chunk, Collection, Document
-from retrieval.tasks import add_upload, enqueue_ingest
+from retrieval.tasks import add_upload, enqueue_ingest, was_not_queued
 
 
 @admin.register(Collection)
@@ -92,10 +92,12 @@ class DocumentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Re-ingest selected documents")
     def reingest_selected(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
+        documents = list(queryset)
         with transaction.atomic():
-            for document in queryset:
+            for document in documents:
                 enqueue_ingest(document)
-        self.message_user(request, f"{queryset.count()} document(s) queued for ingestion.")
+        self.message_user(request, f"{len(documents)} document(s) queued for ingestion.")
+        _report_unqueued(request, documents)
 
     def upload_view(self, request: HttpRequest) -> HttpResponse:
         if not self.has_add_permission(request):
@@ -104,10 +106,13 @@ class DocumentAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             collection = form.cleaned_data["collection"]
             with transaction.atomic():
-                for upload in form.cleaned_data["files"]:
+                documents = [
                     add_upload(collection, upload, request.user)
+                    for upload in form.cleaned_data["files"]
+                ]
             count = len(form.cleaned_data["files"])
             messages.success(request, f"{count} file(s) uploaded to {collection}; ingesting.")
+            _report_unqueued(request, documents)
             return redirect(reverse("admin:retrieval_document_changelist"))
         context = {
             **self.admin_site.each_context(request),
@@ -150,3 +155,14 @@ class DocumentAdmin(admin.ModelAdmin):
             return JsonResponse({"error": "ids must be comma-separated integers"}, status=400)
         rows = Document.objects.filter(pk__in=ids).values("id", "status", "progress", "error")
         return JsonResponse({"documents": list(rows)})
+
+
+def _report_unqueued(request: HttpRequest, documents: list[Document]) -> None:
+    """Say so when the broker refused ingestion tasks (the documents show it as their error)."""
+    unqueued = [document for document in documents if was_not_queued(document)]
+    if unqueued:
+        messages.error(
+            request,
+            f"{len(unqueued)} document(s) could not be queued: the task broker is unreachable. "
+            "Re-ingest them once it is back.",
+        )

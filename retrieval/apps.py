@@ -7,7 +7,8 @@ class RetrievalConfig(AppConfig):
     verbose_name = "Retrieval"
 
     def ready(self) -> None:
-        # NOTE: a worker checks the index against the database when it starts, before any task.
+        # NOTE: a worker checks the index against the database when it starts, before any task,
+        # and queues again the ingestions a killed worker left unfinished.
         from celery.signals import worker_ready
 
         from retrieval import signals  # noqa: F401 - connects the receivers
@@ -16,6 +17,9 @@ class RetrievalConfig(AppConfig):
 
 
 def _repair_on_worker_start(**kwargs) -> None:
+    from retrieval.recovery import recover_interrupted_ingestions
     from retrieval.search import get_retriever
 
     get_retriever()  # builds the retriever, which repairs the index
+    # NOTE: documents a killed worker left `processing` are queued again (retrieval.recovery).
+    recover_interrupted_ingestions(include_queued=False)

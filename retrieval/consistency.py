@@ -36,12 +36,13 @@ def _embed_and_add(retriever, chunk_ids: list[int]) -> None:
 def repair_index(retriever) -> RepairReport:
     """Remove vectors without a ready chunk, embed ready chunks without a vector.
 
-    An index file that cannot be read (corrupt, truncated, another model's dimension) is moved
-    aside and rebuilt from the database.
+    An index file that cannot be read (corrupt, truncated, another model's dimension) or whose
+    vector data is damaged (`VectorIndex.verify`) is moved aside and rebuilt from the database.
     """
     in_database = set(_ready_chunks().values_list("id", flat=True))
     try:
         in_index = retriever.vectors.ids()
+        retriever.vectors.verify()
     except UnreadableIndexError as error:
         aside = retriever.vectors.path.with_name(
             f"{retriever.vectors.path.name}.unreadable-{int(time.time())}"

@@ -6,8 +6,12 @@ sends the document's current state on connect, then forwards every `document.pro
 
 from __future__ import annotations
 
+import contextlib
+import logging
+
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from redis.exceptions import RedisError
 
 from retrieval.models import Document
 from retrieval.progress import group_name
@@ -15,6 +19,11 @@ from retrieval.progress import group_name
 # NOTE: 4003 mirrors HTTP 403, so the admin's script can tell "refused" from "server gone".
 CLOSE_FORBIDDEN = 4003
 CLOSE_NOT_FOUND = 4004
+# 4503 mirrors HTTP 503: the channel layer (Redis) is unreachable; the page then polls. (Not
+# RFC 6455's 1013: daphne's autobahn only sends 1000 and 3000-4999.)
+CLOSE_UNAVAILABLE = 4503
+
+logger = logging.getLogger(__name__)
 
 
 @database_sync_to_async
@@ -27,6 +36,27 @@ def _document_state(document_id: int) -> dict | None:
 
 class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
+
+    async def __call__(self, scope, receive, send) -> None:
+        sent: list[str] = []
+
+        async def recording_send(message: dict) -> None:
+            sent.append(message["type"])
+            await send(message)
+
+        try:
+            await super().__call__(scope, receive, recording_send)
+        except (RedisError, OSError) as error:
+            # NOTE: a Redis outage ends the socket with 4503 ("unavailable") and one warning,
+            # not a traceback per socket; the page falls back to polling. A handshake still open
+            # is accepted first: refusing it would read as HTTP 403, "forbidden".
+            logger.warning("progress socket closed: the channel layer is unreachable (%s)", error)
+            if "websocket.close" in sent:
+                return
+            with contextlib.suppress(Exception):
+                if "websocket.accept" not in sent:
+                    await send({"type": "websocket.accept"})
+                await send({"type": "websocket.close", "code": CLOSE_UNAVAILABLE})
 
     async def connect(self) -> None:
         user = self.scope.get("user")

@@ -20,6 +20,10 @@ import numpy as np
 
 logger = logging.getLogger(__name__)
 
+# How far from 1 a stored vector's length may be (float32 rounding of normalised embeddings is
+# ~1e-7; bf16 embeddings ~1e-3).
+UNIT_TOLERANCE = 1e-2
+
 
 class UnreadableIndexError(Exception):
     """The index file cannot be used as it is (corrupt, or made by another embedding model)."""
@@ -113,6 +117,26 @@ class VectorIndex:
             if self._index.ntotal == 0:
                 return set()
             return set(faiss.vector_to_array(self._index.id_map).tolist())
+
+    def verify(self) -> None:
+        """Raise UnreadableIndexError unless every vector is a finite unit vector.
+
+        faiss reads a file whose vector data was overwritten without complaint; the embeddings
+        are L2-normalised, so damaged data shows as vectors off unit length (checked at start).
+        """
+        with self._thread_lock:
+            self._refresh()
+            if self._index.ntotal == 0:
+                return
+            vectors = self._index.index.reconstruct_n(0, self._index.ntotal)
+        with np.errstate(over="ignore", invalid="ignore"):  # garbage floats: inf or nan norms
+            norms = np.linalg.norm(vectors, axis=1)
+        damaged = int(np.count_nonzero(~(np.abs(norms - 1.0) <= UNIT_TOLERANCE)))
+        if damaged:
+            raise UnreadableIndexError(
+                f"{self.path} holds {damaged} vectors that are not unit length (damaged data); "
+                "run `manage.py rebuild_index`"
+            )
 
     def __len__(self) -> int:
         with self._thread_lock:

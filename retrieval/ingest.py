@@ -115,12 +115,41 @@ def fail(document: Document, reason: str) -> None:
         get_retriever().vectors.remove(old_ids)
 
 
-def ingest(document_id: int, retriever: Retriever) -> Document | None:
-    """Ingest one document; expected failures end as `failed` with a reason, not an exception."""
+def ingest(
+    document_id: int, retriever: Retriever, *, skip_if_ingested: bool = False
+) -> Document | None:
+    """Ingest one document; expected failures end as `failed` with a reason, not an exception.
+
+    Runs under the document's ingestion lock (`retrieval.recovery`): a second run of the same
+    document waits for the first. `skip_if_ingested` (the Celery task): a document already
+    `ready` from the same file is left as it is. Every request to ingest sets `queued` first, so
+    finding it `ready` means another run did the work: a message delivered again after a crash.
+    """
+    from retrieval.recovery import ingestion_lock
+
+    with ingestion_lock(document_id):
+        return _ingest(document_id, retriever, skip_if_ingested)
+
+
+def _is_ingested(document: Document) -> bool:
+    if document.status != Status.READY or not document.content_hash or not document.file:
+        return False
+    try:
+        with document.file.open("rb") as handle:
+            digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    except OSError:
+        return False
+    return digest == document.content_hash
+
+
+def _ingest(document_id: int, retriever: Retriever, skip_if_ingested: bool) -> Document | None:
     document = Document.objects.filter(pk=document_id).first()
     if document is None:
         logger.info("document %s no longer exists; nothing to ingest", document_id)
         return None
+    if skip_if_ingested and _is_ingested(document):
+        logger.info("document %s is already ingested from this file; nothing to do", document_id)
+        return document
     report(document, Status.PROCESSING, 1)
     try:
         prepared = prepare(document, retriever)

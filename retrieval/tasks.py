@@ -10,6 +10,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.files.uploadedfile import UploadedFile
 from django.db import OperationalError, transaction
+from kombu.exceptions import OperationalError as BrokerError
 
 from retrieval.models import Collection, Document
 
@@ -18,6 +19,8 @@ logger = logging.getLogger(__name__)
 # NOTE: errors worth retrying are those of services that come back: the database and the broker.
 TRANSIENT_ERRORS = (OperationalError, ConnectionError, TimeoutError)
 SOFT_TIME_LIMIT_S = 30 * 60
+# The start of a document's error when its ingestion could not be queued (see `was_not_queued`).
+NOT_QUEUED = "Could not queue the ingestion"
 
 
 @shared_task(
@@ -35,7 +38,8 @@ def ingest_document(self, document_id: int) -> dict:
     from retrieval.search import get_retriever
 
     try:
-        document = ingest(document_id, get_retriever())
+        # NOTE: a message delivered again after a crash finds the document already ingested.
+        document = ingest(document_id, get_retriever(), skip_if_ingested=True)
     except TRANSIENT_ERRORS as error:
         if self.request.retries >= self.max_retries:
             _fail_quietly(document_id, f"Gave up after {self.max_retries} retries: {error}")
@@ -75,7 +79,47 @@ def enqueue_ingest(document: Document) -> None:
     )
     document.status, document.progress, document.error = Document.Status.QUEUED, 0, ""
     document_id = document.pk
-    transaction.on_commit(lambda: ingest_document.delay(document_id))
+    transaction.on_commit(lambda: _publish(document_id))
+
+
+def _publish(document_id: int) -> None:
+    try:
+        # NOTE: nobody waits for an ingestion's result (progress lives on the row). Without
+        # ignore_result the sender subscribes to every task's result in the Redis result
+        # backend, which leaks subscriptions and, while Redis is down, retries for 20 s.
+        ingest_document.apply_async((document_id,), ignore_result=True)
+    except BrokerError as error:
+        # NOTE: not raised: the upload is saved, and other documents of the same transaction
+        # must still be queued. The document says why; callers answer with a clear error.
+        reason = (
+            f"{NOT_QUEUED}: the task broker is unreachable ({error}). "
+            "Re-ingest the document once it is back."
+        )
+        logger.warning("document %s: %s", document_id, reason)
+        Document.objects.filter(pk=document_id).update(
+            status=Document.Status.FAILED, progress=0, error=reason
+        )
+
+
+def was_not_queued(document: Document) -> bool:
+    """After the upload's transaction: True if the broker refused its ingestion task."""
+    document.refresh_from_db(fields=["status", "progress", "error"])
+    return document.status == Document.Status.FAILED and document.error.startswith(NOT_QUEUED)
+
+
+def drop_unqueued(documents: list[Document]) -> str | None:
+    """Delete the uploads whose ingestion the broker refused; a message saying why, or None.
+
+    For the upload endpoints, which then answer 503: the client tries again later, with no
+    half-made document left behind.
+    """
+    unqueued = [document for document in documents if was_not_queued(document)]
+    if not unqueued:
+        return None
+    for document in unqueued:
+        document.delete()
+    detail = unqueued[0].error.removeprefix(f"{NOT_QUEUED}: ").split(" Re-ingest")[0]
+    return f"The upload was not kept: {detail} Try again shortly."
 
 
 def add_upload(

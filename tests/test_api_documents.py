@@ -12,6 +12,7 @@ from api import rate_limits
 from api.models import ApiKey
 from retrieval.ingest import ingest
 from retrieval.models import Collection, Document
+from tests import malicious_files as bad
 from tests.retrieval_fixtures import HANDBOOK, add_document, retriever  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -126,3 +127,51 @@ def test_every_endpoint_wants_a_valid_key(hr):
         assert response.json()["error"]["type"] == "authentication_error"
     bad = Client(headers={"Authorization": "Bearer ck-wrong"})
     assert bad.get("/v1/documents").status_code == 401
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("name", "build", "reason"),
+    [
+        ("bomb.docx", lambda: bad.docx_bomb(300), "may be a zip bomb"),
+        ("bomb.pdf", lambda: bad.pdf_flate_bomb(300), "safety limit of the PDF reader"),
+        ("forms.pdf", bad.pdf_form_bomb, "took longer than 2 s"),
+        ("random.pdf", lambda: bytes(range(256)) * 16, "PDF is corrupt or unreadable"),
+        ("text.docx", lambda: b"Just text, not a zip.", "not a .docx file"),
+        ("blank.md", lambda: b"  \n\n  ", "only blanks"),
+    ],
+)
+def test_hostile_uploads_are_accepted_then_end_failed_with_a_reason(
+    retriever, settings, name, build, reason
+):
+    # NOTE: with tasks in-process (no Redis), ingestion runs when the upload commits, inside the
+    # request: a hostile file must neither hang it nor turn it into a server error.
+    settings.CACHET_EXTRACT_TIMEOUT_S = 2
+    staff = client_for(User.objects.create_user("staff", is_staff=True))
+    hr = Collection.objects.create(name="HR")
+    upload = SimpleUploadedFile(name, build())
+    with bad.time_limit(60):
+        response = staff.post("/v1/documents", {"file": upload, "collection": hr.pk})
+    assert response.status_code == 201, response.content
+    status = staff.get(f"/v1/documents/{response.json()['id']}").json()
+    assert status["status"] == "failed" and reason in status["error"], status
+
+
+def test_an_empty_upload_is_refused_with_400(staff, hr, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    empty = SimpleUploadedFile("empty.pdf", b"")
+    response = staff.post("/v1/documents", {"file": empty, "collection": hr.pk})
+    assert response.status_code == 400 and "empty" in response.json()["error"]["message"]
+    assert not Document.objects.exists()
+
+
+def test_a_logged_in_session_without_a_key_is_refused(hr):
+    # The API authenticates by key only, never by the session cookie, so a cross-site page
+    # cannot make a logged-in browser call it (no CSRF exposure).
+    client = Client()
+    client.force_login(User.objects.create_user("staff", is_staff=True))
+    upload = SimpleUploadedFile("a.txt", b"x")
+    response = client.post("/v1/documents", {"file": upload, "collection": hr.pk})
+    assert response.status_code == 401
+    assert client.get("/v1/documents").status_code == 401
+    assert not Document.objects.exists()

@@ -6,6 +6,7 @@ where several processes share the counters.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -343,3 +344,21 @@ def test_the_limit_holds_across_processes_sharing_redis(unique_id) -> None:
         results.append(json.loads(out))
     assert sum(results) == 7  # 40 attempts from 4 processes, a limit of 7
     forget_redis_counters(url, [unique_id])
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_the_limit_holds_for_concurrent_http_requests(user, backend, fresh_counters):
+    from asgiref.sync import sync_to_async
+    from django.test import AsyncClient
+
+    _, key = await sync_to_async(ApiKey.create_for)(user, "burst", requests_per_minute=5)
+    client, headers = AsyncClient(), {"Authorization": f"Bearer {key}"}
+    wait_for_a_fresh_window()
+    responses = await asyncio.gather(
+        *(client.get("/v1/documents", headers=headers) for _ in range(20))
+    )
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [200] * 5 + [429] * 15
+    refused = [r for r in responses if r.status_code == 429]
+    assert all(1 <= int(r["Retry-After"]) <= 60 for r in refused)
+    assert {r.json()["error"]["code"] for r in refused} == {"rate_limit_exceeded"}

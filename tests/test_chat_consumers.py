@@ -237,6 +237,27 @@ async def test_a_second_message_while_one_runs_gets_busy(
         await ws.disconnect()
 
 
+async def test_a_message_longer_than_the_context_gets_context_overflow_and_is_kept(
+    served_engine, quick_profile, alice
+) -> None:
+    # 8000 characters (the message limit) of CJK text: ~16000 tokens, four times the context.
+    content = "\u4f11\u5047\u653f\u7b56" * 2000
+    ws = await chat_socket(alice)
+    try:
+        await ws.send_json_to({"type": "message", "conversation": None, "content": content})
+        start, error = await frames_until(ws, "error")
+        assert start["type"] == "start" and start["user_message"]["content"] == content
+        assert error["code"] == "context_overflow" and "tokens" in error["message"]
+        assert error["conversation"] == start["conversation"]["id"]
+        await assert_still_usable(ws)
+    finally:
+        await ws.disconnect()
+    [question] = await sync_to_async(list)(
+        Message.objects.filter(conversation_id=start["conversation"]["id"])
+    )
+    assert question.role == "user" and question.content == content
+
+
 async def test_anonymous_and_cross_origin_sockets_are_refused(alice) -> None:
     anonymous = await communicator("/ws/chat/", None)
     connected, code = await anonymous.connect()

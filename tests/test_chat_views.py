@@ -1,5 +1,6 @@
 """chat.views: the UI's JSON endpoints: own conversations only, rename, delete, options, upload."""
 
+# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import json
@@ -11,6 +12,8 @@ from django.test import Client
 
 from chat.models import AssistantProfile, Conversation, Message
 from retrieval.models import Collection, Document
+from tests import malicious_files as bad
+from tests.retrieval_fixtures import retriever  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 
@@ -151,3 +154,47 @@ def test_uploads_are_refused_to_members_and_checked_for_size_and_type(
     response = staff.post("/chat/api/documents/", {"file": exe, "collection": collection.pk})
     assert response.status_code == 400 and "unsupported" in response.json()["error"]["message"]
     assert not Document.objects.exists()
+
+
+def test_an_upload_needs_the_csrf_token(client_for, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    collection = Collection.objects.create(name="HR")
+    client = client_for(User.objects.create_user("staff", is_staff=True), enforce_csrf=True)
+    upload = SimpleUploadedFile("notes.txt", b"Plain text notes.")
+    response = client.post("/chat/api/documents/", {"file": upload, "collection": collection.pk})
+    assert response.status_code == 403 and not Document.objects.exists()
+
+
+def test_an_empty_upload_is_refused_with_400(client_for, settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path
+    collection = Collection.objects.create(name="HR")
+    client = client_for(User.objects.create_user("staff", is_staff=True))
+    empty = SimpleUploadedFile("empty.docx", b"")
+    response = client.post("/chat/api/documents/", {"file": empty, "collection": collection.pk})
+    assert response.status_code == 400 and "empty" in response.json()["error"]["message"]
+    assert not Document.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("name", "build", "reason"),
+    [
+        ("bomb.docx", lambda: bad.docx_bomb(300), "may be a zip bomb"),
+        ("bomb.pdf", lambda: bad.pdf_flate_bomb(300), "safety limit of the PDF reader"),
+        ("text.pdf", lambda: b"Plain text with a .pdf name.", "PDF is corrupt or unreadable"),
+    ],
+)
+def test_hostile_uploads_are_accepted_then_end_failed_with_a_reason(
+    retriever, client_for, name, build, reason
+):
+    # NOTE: with tasks in-process, ingestion runs inside the upload request when it commits.
+    collection = Collection.objects.create(name="HR")
+    client = client_for(User.objects.create_user("staff", is_staff=True))
+    upload = SimpleUploadedFile(name, build())
+    with bad.time_limit(60):
+        response = client.post(
+            "/chat/api/documents/", {"file": upload, "collection": collection.pk}
+        )
+    assert response.status_code == 201, response.content
+    document = Document.objects.get(pk=response.json()["document"]["id"])
+    assert document.status == Document.Status.FAILED and reason in document.error

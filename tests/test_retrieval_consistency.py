@@ -60,3 +60,19 @@ def test_a_consistent_index_is_left_alone(retriever) -> None:
     stamp = retriever.vectors.path.stat().st_mtime_ns
     assert (repair_index(retriever).removed, repair_index(retriever).added) == (0, 0)
     assert retriever.vectors.path.stat().st_mtime_ns == stamp
+
+
+def test_damaged_vector_data_is_found_at_start_up_and_rebuilt(retriever) -> None:
+    ids = ingest_two(retriever)
+    before = [hit.chunk_id for hit in search_module.search("paid holiday", top_k=3, mode="dense")]
+    path = retriever.vectors.path
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2  # inside the vectors: faiss still reads the file
+    data[middle : middle + 64] = bytes(b ^ 0x5A for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+    fresh = restart()
+    assert fresh.vectors.ids() == ids
+    assert list(path.parent.glob(f"{path.name}.unreadable-*"))
+    fresh.vectors.verify()
+    after = [hit.chunk_id for hit in search_module.search("paid holiday", top_k=3, mode="dense")]
+    assert after == before

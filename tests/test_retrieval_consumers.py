@@ -82,6 +82,19 @@ async def test_non_staff_and_anonymous_connections_are_refused(who: str) -> None
         await ws.disconnect()
 
 
+async def test_a_cross_origin_connection_is_refused_even_for_staff() -> None:
+    document = await make_document()
+    staff = await make_user("staff", is_staff=True)
+    ws = await communicator(
+        f"/ws/documents/{document.pk}/progress/", staff, origin=b"http://evil.example"
+    )
+    try:
+        connected, _ = await ws.connect()
+        assert not connected
+    finally:
+        await ws.disconnect()
+
+
 async def test_an_unknown_document_is_refused() -> None:
     ws = await progress_socket(987_654, await make_user("staff", is_staff=True))
     try:

@@ -56,3 +56,17 @@ def test_reset_replaces_an_unreadable_file(tmp_path) -> None:
     index = VectorIndex(tmp_path / "i.faiss", 3)
     index.reset([7], np.stack([unit(0, 1, 0)]))
     assert VectorIndex(tmp_path / "i.faiss", 3).ids() == {7}
+
+
+def test_verify_finds_vector_data_that_faiss_reads_without_complaint(tmp_path) -> None:
+    path = tmp_path / "i.faiss"
+    VectorIndex(path, 3).replace([], [1, 2], np.stack([unit(1, 0, 0), unit(0, 1, 0)]))
+    VectorIndex(path, 3).verify()  # intact: no error
+    data = bytearray(path.read_bytes())
+    start = data.index(np.float32(1.0).tobytes())  # the first vector's data
+    data[start : start + 4] = np.float32(7.5).tobytes()
+    path.write_bytes(bytes(data))
+    damaged = VectorIndex(path, 3)
+    assert damaged.ids() == {1, 2}  # faiss reads it
+    with pytest.raises(UnreadableIndexError, match="1 vectors that are not unit length"):
+        damaged.verify()

@@ -9,6 +9,7 @@ from django.core.files.base import ContentFile
 from retrieval.ingest import ingest
 from retrieval.models import Chunk, Collection, Document
 from retrieval.search import search
+from tests import malicious_files as bad
 from tests.retrieval_fixtures import HANDBOOK, KITCHEN, add_document, retriever  # noqa: F401
 
 pytestmark = pytest.mark.django_db
@@ -65,3 +66,34 @@ def test_a_file_over_the_upload_limit_fails_with_the_limit_in_the_reason(
 
 def test_a_missing_document_is_nothing_to_do(retriever) -> None:
     assert ingest(987_654, retriever) is None
+
+
+HOSTILE_UPLOADS = [
+    ("bomb.docx", lambda: bad.docx_bomb(300), "may be a zip bomb"),
+    ("bomb.pdf", lambda: bad.pdf_flate_bomb(300), "safety limit of the PDF reader"),
+    ("pages.pdf", lambda: bad.pdf_pages(6000), "more than the 5000 pages"),
+    ("forms.pdf", bad.pdf_form_bomb, "took longer than 2 s"),
+    ("text.pdf", lambda: b"Just text, not a PDF.", "PDF is corrupt or unreadable"),
+    ("random.pdf", lambda: bytes(range(256)) * 16, "PDF is corrupt or unreadable"),
+    ("text.docx", lambda: b"Just text, not a zip.", "not a .docx file"),
+    ("empty.pdf", lambda: b"", "The file is empty"),
+    ("blank.docx", lambda: b" \n\n ", "only blanks"),
+    ("scripts.html", lambda: b"<script>alert(1)</script><style>p{}</style>", "No text"),
+]
+
+
+@pytest.mark.parametrize(("name", "build", "reason"), HOSTILE_UPLOADS)
+def test_hostile_files_end_failed_with_a_reason_in_bounded_time_and_leave_others_searchable(
+    retriever, settings, name, build, reason
+) -> None:
+    settings.CACHET_EXTRACT_TIMEOUT_S = 2
+    collection = Collection.objects.create(name="mixed")
+    good = add_document(collection, "kitchen.txt", KITCHEN)
+    ingest(good.pk, retriever)
+    hostile = add_document(collection, name, build())
+    with bad.time_limit(30):
+        ingest(hostile.pk, retriever)
+    hostile.refresh_from_db()
+    assert hostile.status == Document.Status.FAILED and reason in hostile.error, hostile.error
+    assert not Chunk.objects.filter(document=hostile).exists()
+    assert [hit.document_title for hit in search("kitchen cleaning", top_k=5)] == ["kitchen.txt"]

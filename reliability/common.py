@@ -1,0 +1,456 @@
+"""What the reliability suites share: the server's setup, engine state, clients, checks, the CLI.
+
+A suite starts a `LiveServer`, sets it up with `prepare_site` (run in the server's own Django
+shell: an active model configuration, users with sessions, an assistant profile, an API key),
+drives it with the clients here (`ChatSocket` from `frontend.bench` for `/ws/chat/`, the official
+`openai` client for `/v1`), and reads the engine's state from `/metrics`. Its report holds a list
+of checks (`check()`); the process exits with status 1 when any of them failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+import urllib.error
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from frontend.bench import CLOSED, ChatSocket, run_cli
+from frontend.live_server import LiveServer
+
+logger = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+# The API key's limits: far above what a suite uses, so no request is refused for them.
+KEY_REQUESTS_PER_MINUTE = 1_000_000
+KEY_TOKENS_PER_MINUTE = 1_000_000_000
+MAX_DETAILS = 10  # mismatches, errors... listed in a report
+SITE_TIMEOUT_S = 900.0  # includes converting the bundled chat model on a fresh clone
+SYSTEM_PROMPT = "You are a helpful assistant. Answer in one or two short sentences."
+QUESTIONS = (
+    "What is the capital of France?",
+    "Why is the sky blue?",
+    "Name three animals that live in the sea.",
+    "How many legs does a spider have?",
+    "What does a bakery sell?",
+    "Give me a tip for a rainy day.",
+    "What is the boiling point of water?",
+    "Which planet is closest to the sun?",
+    "What is a good name for a cat?",
+    "How do plants make food?",
+    "What colour do you get by mixing blue and yellow?",
+    "Suggest a short poem title about autumn.",
+    "What is the opposite of cold?",
+    "Why do we sleep?",
+    "What is two plus three?",
+    "Tell me one fact about the moon.",
+)
+
+
+def question(index: int, iteration: int) -> str:
+    """A short question, different for consecutive iterations and neighbouring clients."""
+    text = QUESTIONS[(index * 7 + iteration) % len(QUESTIONS)]
+    return f"(client {index + 1}, question {iteration + 1}) {text}"
+
+
+# --- The site (run by `LiveServer.call`, in a Django shell of the server's settings) ---
+
+
+def prepare_site(spec: dict) -> dict:
+    """An active model configuration, users with sessions, a profile and an API key.
+
+    `spec`: `model_config` (ModelConfig fields; `kv_cache_mb: "min"` takes the smallest budget
+    that holds one `max_model_len` sequence), `users` (how many, each with a logged-in session),
+    `profile` (AssistantProfile sampling fields and `system_prompt`). Returns the sessions, the
+    profile's id, the raw API key, the served model's name and the KV cache's size.
+
+    NOTE: runs in the server's Django shell (`LiveServer.call`), not in the suite's process.
+    """
+    import secrets
+
+    from django.conf import settings
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from api.models import ApiKey
+    from chat.models import AssistantProfile
+    from inference.engine.config import parse_dtype
+    from inference.engine.kv_cache import KVCacheSpec
+    from inference.model_files import resolve_chat_model, resolve_embedding_model
+    from inference.models import ModelConfig
+    from inference.runtime import served_model_name
+
+    # NOTE: converts the bundled GGUF once on a fresh clone, into the shared models cache.
+    chat_model = resolve_chat_model(settings.CACHET_MODEL, settings.MODELS_DIR)
+    resolve_embedding_model(settings.CACHET_EMBEDDING_MODEL)
+    hf_config = json.loads((chat_model.directory / "config.json").read_text())
+
+    fields = dict(spec.get("model_config") or {})
+    config = ModelConfig(name=f"reliability-{secrets.token_hex(3)}")
+    for name, value in fields.items():
+        if name != "kv_cache_mb":
+            setattr(config, name, value)
+    min_mb = config.min_kv_cache_mb(hf_config)
+    kv_mb = fields.get("kv_cache_mb", config.kv_cache_mb)
+    config.kv_cache_mb = min_mb if kv_mb == "min" else int(kv_mb)
+    config.full_clean()  # refuses what the engine could not load, with the reason
+    config.activate()
+
+    num_heads = hf_config["num_attention_heads"]
+    kv_spec = KVCacheSpec(
+        num_layers=hf_config["num_hidden_layers"],
+        num_kv_heads=hf_config.get("num_key_value_heads") or num_heads,
+        head_dim=hf_config.get("head_dim") or hf_config["hidden_size"] // num_heads,
+        block_size=config.block_size,
+        dtype=parse_dtype(config.dtype),
+    )
+    num_blocks = config.kv_cache_mb * 2**20 // kv_spec.bytes_per_block
+
+    token = secrets.token_hex(3)
+    sessions = []
+    for index in range(spec.get("users", 1)):
+        user = User.objects.create_user(f"reliability-{token}-{index}", first_name="Sam")
+        client = Client()
+        client.force_login(user)
+        sessions.append(client.cookies[settings.SESSION_COOKIE_NAME].value)
+    profile_fields = {"system_prompt": SYSTEM_PROMPT, **(spec.get("profile") or {})}
+    profile = AssistantProfile.objects.create(name=f"Reliability {token}", **profile_fields)
+    api_user = User.objects.create_user(f"reliability-api-{token}")
+    _, raw_key = ApiKey.create_for(
+        api_user,
+        "reliability",
+        requests_per_minute=KEY_REQUESTS_PER_MINUTE,
+        tokens_per_minute=KEY_TOKENS_PER_MINUTE,
+    )
+    return {
+        "cookie_name": settings.SESSION_COOKIE_NAME,
+        "sessions": sessions,
+        "profile_id": profile.pk,
+        "api_key": raw_key,
+        "model": served_model_name(config),
+        "model_config": {
+            "dtype": config.dtype,
+            "max_model_len": config.max_model_len,
+            "kv_cache_mb": config.kv_cache_mb,
+            "min_kv_cache_mb": min_mb,
+            "block_size": config.block_size,
+            "max_num_seqs": config.max_num_seqs,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+        },
+        "kv_blocks": num_blocks,
+        "kv_tokens": num_blocks * config.block_size,
+    }
+
+
+def start_server(server: LiveServer, spec: dict, *, startup_timeout_s: float | None = None) -> dict:
+    """`prepare_site(spec)` on the server's database, then start it; the site's description."""
+    site = server.call("reliability.common:prepare_site", spec, timeout=SITE_TIMEOUT_S)
+    began = time.perf_counter()
+    server.start(timeout_s=startup_timeout_s)
+    site["startup_s"] = round(time.perf_counter() - began, 2)
+    logger.info(
+        "server ready in %.1fs on %s: %s, KV %d tokens",
+        site["startup_s"],
+        server.url,
+        site["model_config"],
+        site["kv_tokens"],
+    )
+    return site
+
+
+# --- The server's state ---
+
+
+@dataclass(slots=True)
+class EngineState:
+    """The engine's gauges and counters from `/metrics` at one moment."""
+
+    running: int
+    waiting: int
+    kv_usage: float
+    preemptions: int
+    finished: dict[str, int]  # finished requests by finish reason
+
+    @property
+    def is_idle(self) -> bool:
+        return self.running == 0 and self.waiting == 0 and self.kv_usage == 0.0
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def engine_state(server: LiveServer) -> EngineState | None:
+    """The engine's state from `/metrics`; None if it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = server.metrics_text()
+    except (urllib.error.URLError, OSError) as error:
+        logger.warning("could not read /metrics: %s", error)
+        return None
+    values: dict[str, float] = {}
+    finished: dict[str, int] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "cachet_engine_requests_total":
+                finished[sample.labels["finish_reason"]] = int(sample.value)
+            else:
+                values[sample.name] = sample.value
+    return EngineState(
+        running=int(values.get("cachet_engine_requests_running", -1)),
+        waiting=int(values.get("cachet_engine_requests_waiting", -1)),
+        kv_usage=float(values.get("cachet_engine_kv_cache_usage_ratio", -1.0)),
+        preemptions=int(values.get("cachet_engine_preemptions_total", 0)),
+        finished=finished,
+    )
+
+
+def wait_for_idle(
+    server: LiveServer, timeout_s: float, poll_s: float = 0.25
+) -> tuple[EngineState | None, float]:
+    """Poll `/metrics` until no request runs or waits and no KV block is held, or `timeout_s`.
+
+    Returns the last state read and the seconds waited.
+    """
+    began = time.monotonic()
+    state = engine_state(server)
+    while (state is None or not state.is_idle) and time.monotonic() - began < timeout_s:
+        time.sleep(poll_s)
+        state = engine_state(server)
+    return state, round(time.monotonic() - began, 2)
+
+
+def rss_mb(pid: int | None) -> float | None:
+    """Resident memory of a process in MB (None if it is gone)."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        return round(psutil.Process(pid).memory_info().rss / 2**20, 1)
+    except psutil.Error:
+        return None
+
+
+def healthz(server: LiveServer) -> str:
+    """`/healthz`'s status ("ok", "loading", "error"), or why it could not be read."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{server.url}/healthz", timeout=10) as response:
+            return json.load(response).get("status", "?")
+    except urllib.error.HTTPError as error:
+        try:
+            return json.loads(error.read() or b"{}").get("status", f"HTTP {error.code}")
+        except ValueError:
+            return f"HTTP {error.code}"
+    except (OSError, ValueError) as error:
+        return f"unreachable: {error}"
+
+
+# --- Clients ---
+
+
+async def open_chat(port: int, cookie: str, timeout_s: float = 30.0) -> ChatSocket:
+    """A chat socket logged in with `cookie` ("sessionid=...")."""
+    headers = {"Origin": f"http://{HOST}:{port}", "Cookie": cookie}
+    return await asyncio.wait_for(ChatSocket.connect(port, "/ws/chat/", headers), timeout_s)
+
+
+@dataclass(slots=True)
+class ChatReply:
+    """What one `message` or `regenerate` frame got back."""
+
+    text: str = ""  # the `token` frames, concatenated
+    token_frames: int = 0
+    conversation: int | None = None
+    message: dict | None = None  # the saved answer, from `done`
+    error: dict | None = None  # an `error` frame, a closed socket or a timeout
+
+    @property
+    def saved_text(self) -> str | None:
+        return None if self.message is None else self.message["content"]
+
+    @property
+    def stats(self) -> dict:
+        return (self.message or {}).get("stats") or {}
+
+
+async def chat_exchange(sock: ChatSocket, frame: dict, timeout_s: float) -> ChatReply:
+    """Send `frame` and read until `done` or `error` (or the socket closes, or `timeout_s`)."""
+    reply = ChatReply(conversation=frame.get("conversation"))
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    sock.send_json(frame)
+    parts: list[str] = []
+    while True:
+        try:
+            item = await asyncio.wait_for(sock.frames.get(), max(deadline - loop.time(), 0))
+        except TimeoutError:
+            reply.error = {"code": "timeout", "message": f"no done in {timeout_s:.0f}s"}
+            break
+        if item is CLOSED:
+            reply.error = {"code": "closed", "message": f"socket closed: {sock.close_info}"}
+            break
+        kind = item.get("type")
+        if kind == "token":
+            parts.append(item["text"])
+            reply.token_frames += 1
+        elif kind == "start":
+            reply.conversation = item["conversation"]["id"]
+        elif kind == "done":
+            reply.message = item["message"]
+            break
+        elif kind == "error":
+            reply.error = {"code": item.get("code"), "message": item.get("message")}
+            break
+    reply.text = "".join(parts)
+    return reply
+
+
+@dataclass(slots=True)
+class ApiReply:
+    """One chat completion, streamed or not."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    chunks: int = 0
+    error: dict | None = None
+
+
+async def api_chat(client, model: str, messages: list[dict], *, stream: bool, **params) -> ApiReply:
+    """A chat completion with the `openai` client; errors end up in the reply, not raised.
+
+    A stream must end with a finish reason and the usage chunk (`[DONE]` ends the iterator).
+    """
+    import openai
+
+    reply = ApiReply()
+    extra = {"extra_body": {"ignore_eos": True}} if params.pop("ignore_eos", False) else {}
+    try:
+        if not stream:
+            response = await client.chat.completions.create(
+                model=model, messages=messages, **params, **extra
+            )
+            choice = response.choices[0]
+            reply.text = choice.message.content or ""
+            reply.finish_reason = choice.finish_reason
+            reply.prompt_tokens = response.usage.prompt_tokens
+            reply.completion_tokens = response.usage.completion_tokens
+            return reply
+        chunks = await client.chat.completions.create(
+            model=model,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            **params,
+            **extra,
+        )
+        parts = []
+        async for chunk in chunks:
+            reply.chunks += 1
+            if chunk.choices:
+                choice = chunk.choices[0]
+                parts.append(choice.delta.content or "")
+                reply.finish_reason = choice.finish_reason or reply.finish_reason
+            if chunk.usage is not None:
+                reply.prompt_tokens = chunk.usage.prompt_tokens
+                reply.completion_tokens = chunk.usage.completion_tokens
+        reply.text = "".join(parts)
+    except openai.APIError as error:
+        status = getattr(error, "status_code", None)
+        reply.error = {"type": type(error).__name__, "status": status, "message": str(error)[:300]}
+        return reply
+    if reply.finish_reason is None or reply.completion_tokens is None:
+        reply.error = {"type": "Truncated", "message": "the stream ended without finish or usage"}
+    return reply
+
+
+def api_client(server: LiveServer, api_key: str, timeout_s: float):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(
+        base_url=f"{server.url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s
+    )
+
+
+# --- Checks and the report ---
+
+
+def check(name: str, ok: bool, **detail) -> dict:
+    """One check of a report: its name, whether it passed, and the numbers behind it."""
+    if not ok:
+        logger.warning("check failed: %s %s", name, json.dumps(detail, default=str)[:500])
+    return {"name": name, "ok": bool(ok), **detail}
+
+
+def num_failed(report: dict) -> int:
+    return sum(1 for item in report["checks"] if not item["ok"])
+
+
+def format_checks(report: dict, summary: list[str]) -> str:
+    lines = [*summary, ""]
+    for item in report["checks"]:
+        detail = {k: v for k, v in item.items() if k not in ("name", "ok")}
+        shown = json.dumps(detail, default=str)
+        lines.append(f"{'PASS' if item['ok'] else 'FAIL'}  {item['name']}  {shown[:300]}")
+    failed = num_failed(report)
+    lines += ["", f"{len(report['checks']) - failed} passed, {failed} failed"]
+    return "\n".join(lines)
+
+
+def first_difference(a: str, b: str) -> dict:
+    """Where two texts part (for a report of mismatched twins)."""
+    index = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None)
+    if index is None:
+        index = min(len(a), len(b))
+    start = max(0, index - 20)
+    return {"at": index, "streamed": a[start : index + 40], "twin": b[start : index + 40]}
+
+
+@dataclass(slots=True)
+class Common:
+    """The options every suite takes."""
+
+    models_dir: Path | None = None
+    torch_threads: int | None = None
+    startup_timeout_s: float = 300.0
+    seed: int = 0
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print JSON (default: a summary)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the suite's choices")
+    parser.add_argument(
+        "--models-dir", type=Path, help="the models cache (default: $CACHET_DATA_DIR/models)"
+    )
+    parser.add_argument("--torch-threads", type=int, help="CACHET_TORCH_THREADS for the server")
+    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
+
+
+def common_of(args: argparse.Namespace) -> Common:
+    return Common(
+        models_dir=args.models_dir,
+        torch_threads=args.torch_threads,
+        startup_timeout_s=args.startup_timeout,
+        seed=args.seed,
+    )
+
+
+def main_of(run: Callable[[], dict], *, as_json: bool, summary: Callable[[dict], list[str]]) -> int:
+    """Run a suite and print its report; 0 all checks passed, 1 some failed, 2 it could not run."""
+    # NOTE: the openai client's transport logs every request at INFO: thousands of lines here.
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    return run_cli(
+        run,
+        as_json=as_json,
+        format_report=lambda report: format_checks(report, summary(report)),
+        num_errors=num_failed,
+    )
