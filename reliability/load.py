@@ -68,17 +68,16 @@ logger = logging.getLogger(__name__)
 #   a conversation's last question, so chat twins are drawn from the last answers of
 #   conversations. A chat answer's non-streamed form is also checked for every answer: the saved
 #   message in `done` must equal the concatenated `token` frames.
-# The model runs float32: in bfloat16 the logits depend on the batch a request shares (a cold
-# prefill and a cache hit, or different batch sizes, round differently), so sampled answers of
-# the same seed may part ways; in float32 those differences stay far below what flips a sample.
+# The model runs float32: in bfloat16 the logits depend visibly on the batch a request shares.
+# In float32 they still differ in the last bits (measured: |dlogit| <= 2e-5 between a request
+# alone and in a batch of 32, same uniform draw), and the engine's inverse-CDF sampler turns that
+# into another token for roughly 1 in 100 sampled 24-token answers: a draw that lands among the
+# low-probability tail, whose boundaries move by more than the tail tokens' width. The check
+# reports those as failures (docs/reliability.md); it is the sampler's property, not the harness's.
 DTYPE = "float32"
 TEMPERATURE = 0.8
-# NOTE: no nucleus cut by default. float32 logits still differ in the last bits with the batch a
-# request shares (measured: |dlogit| <= 2e-5, |dp| <= 4e-7); sampling by inverse CDF is continuous
-# in them, so a twin only parts when the uniform draw lands within ~1e-7 of a token boundary. A
-# top-p cut is not continuous: a token whose cumulative mass sits at p is in or out of the nucleus
-# by those last bits, which rescales the whole distribution and can change the pick. `--top-p`
-# runs the suite with a cut (see docs/reliability.md for what it showed).
+# NOTE: no nucleus cut by default: a token whose cumulative mass sits at top_p is in or out of
+# the nucleus by the logits' last bits, one more way for a twin to part (`--top-p` sets one).
 TOP_P = 1.0
 REQUEST_TIMEOUT_S = 600.0
 IDLE_TIMEOUT_S = 60.0
@@ -117,6 +116,7 @@ class Load:
     max_tokens: int = 24
     twins: int | None = 64  # None: every eligible answer
     twin_concurrency: int = 8
+    temperature: float = TEMPERATURE
     top_p: float = TOP_P
     kv_cache_mb: int = 512
     max_num_seqs: int = 32
@@ -141,7 +141,7 @@ class Context:
 
     def api_params(self, seed: int) -> dict:
         return {
-            "temperature": TEMPERATURE,
+            "temperature": self.load.temperature,
             "top_p": self.load.top_p,
             "max_tokens": self.load.max_tokens,
             "seed": seed,
@@ -460,7 +460,11 @@ def run_load(load: Load, common: Common | None = None) -> dict:
             "max_num_batched_tokens": max(512, load.max_num_seqs),
         },
         "users": max(load.chats, 1),
-        "profile": {"temperature": TEMPERATURE, "top_p": load.top_p, "max_tokens": load.max_tokens},
+        "profile": {
+            "temperature": load.temperature,
+            "top_p": load.top_p,
+            "max_tokens": load.max_tokens,
+        },
     }
     began = time.perf_counter()
     try:
@@ -584,7 +588,6 @@ def build_report(load, common, site, result, final, final_wait_s, final_rss) -> 
         "config": {
             **asdict(load),
             "seed": common.seed,
-            "temperature": TEMPERATURE,
             "torch_threads": common.torch_threads or 0,
         },
         "server": {
@@ -617,6 +620,7 @@ def summary(report: dict) -> list[str]:
     lines = [
         f"{config['chats']} chats + {config['api_clients']} API clients, {config['rounds']} "
         f"rounds x {config['duration_s']} s, {config['max_tokens']}-token answers, "
+        f"temperature {config['temperature']}, top_p {config['top_p']}, "
         f"{report['server']['model_config']['dtype']}",
         f"{'round':>5} {'chat':>5} {'api':>5} {'errors':>6} {'tok/s':>7} {'RSS MB':>8} {'kv':>5}",
     ]
@@ -656,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--twin-concurrency", type=int, default=8, help="twins at once (8)")
     parser.add_argument(
+        "--temperature", type=float, default=TEMPERATURE, help="sampling temperature (0.8)"
+    )
+    parser.add_argument(
         "--top-p", type=float, default=TOP_P, help="nucleus sampling cut (1.0: none; see TOP_P)"
     )
     parser.add_argument("--kv-cache-mb", type=int, default=512, help="the engine's KV budget")
@@ -670,6 +677,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         twins=args.twins,
         twin_concurrency=args.twin_concurrency,
+        temperature=args.temperature,
         top_p=args.top_p,
         kv_cache_mb=args.kv_cache_mb,
         max_num_seqs=args.max_num_seqs,
