@@ -10,6 +10,7 @@ that is stopped, cut short or fails midway is saved with what it had: nothing is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -212,11 +213,15 @@ async def run_turn(
     )
     answer = Answer()
     try:
-        async for event in answer_turn(turn, answer, control):
-            if isinstance(event, SourcesFound) and not question.prompt_content:
-                question.prompt_content, question.sources = answer.prompt_content, event.sources
-                await store.save_question_context(question)
-            yield event
+        # NOTE: aclosing, so a caller that stops reading ends answer_turn (which aborts the
+        # request and sets the finish reason) before the answer below is saved.
+        async with contextlib.aclosing(answer_turn(turn, answer, control)) as events:
+            async for event in events:
+                if isinstance(event, SourcesFound) and not question.prompt_content:
+                    question.prompt_content = answer.prompt_content
+                    question.sources = event.sources
+                    await store.save_question_context(question)
+                yield event
     finally:
         # NOTE: runs on stop, disconnect, engine failure and cancellation alike; shielded so a
         # cancelled task still saves what the user already saw.
