@@ -26,6 +26,8 @@ from api import keys, rate_limits
 from api.documents import readable_collection_ids
 from api.errors import ApiError
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
+from backends.replicas import remote_models
+from backends.routing import AUTO_MODEL
 from chat.errors import ChatError
 from chat.models import AssistantProfile
 from chat.prompting import cache_salt_for
@@ -91,14 +93,22 @@ def chat_model_name() -> str:
     return runtime.engine_status()["model"] or runtime.served_model_name(ModelConfig.active())
 
 
+@sync_to_async
+def remote_model_names() -> list[str]:
+    """Chat models of the enabled remote backends; with any, `auto` too (the routing rules)."""
+    names = remote_models()
+    return [*names, AUTO_MODEL] if names else []
+
+
 @router.get("/models", summary="List the served models")
 async def list_models(request: HttpRequest) -> dict:
     created = int(time.time())
+    names = [await chat_model_name(), *await remote_model_names(), embedding_model_name()]
     return {
         "object": "list",
         "data": [
             {"id": name, "object": "model", "created": created, "owned_by": OWNED_BY}
-            for name in (await chat_model_name(), embedding_model_name())
+            for name in dict.fromkeys(names)
         ],
     }
 
@@ -112,6 +122,12 @@ async def _check_model(requested: str) -> None:
             code="model_not_found",
             param="model",
         )
+
+
+async def _check_chat_model(requested: str) -> None:
+    """Chat completions also take a remote backend's model, or `auto` (backends.routing)."""
+    if requested not in await remote_model_names():
+        await _check_model(requested)
 
 
 def _engine() -> tuple[Engine, str]:
@@ -228,17 +244,22 @@ def _chat_error(error: ChatError) -> ApiError:
         return ApiError(400, error.message, code="context_length_exceeded", param="messages")
     if error.code == "engine_unavailable":
         return ApiError(503, error.message, code="model_loading", headers={"Retry-After": "5"})
+    if error.code == "unknown_model":
+        return ApiError(404, error.message, code="model_not_found", param="model")
+    if error.code == "backend_unavailable":
+        return ApiError(503, error.message, code=error.code, headers={"Retry-After": "5"})
     return ApiError(400, error.message, code=error.code)
 
 
 @router.post("/chat/completions", summary="Create a chat completion (optionally with RAG)")
 async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     api_key = request.auth
-    await _check_model(body.model)
+    await _check_chat_model(body.model)
     await rate_limits.acheck_tokens(api_key)
     params = sampling_params(body, body.max_completion_tokens or body.max_tokens)
     system_prompt, history, question = _dialogue(body.messages)
-    _engine()  # refuse early when the model is loading or the server overloaded
+    if body.model == await chat_model_name():
+        _engine()  # refuse early when the model is loading or the server overloaded
     rag = body.rag
     turn = TurnInput(
         user=api_key.user,
@@ -252,6 +273,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
         prompt_content=None if rag else question,
         request_id_prefix="api",
         cache_salt=cache_salt_for(api_key.user),
+        requested_model=body.model,
     )
     answer, control = Answer(), TurnControl()
     events = answer_turn(turn, answer, control)

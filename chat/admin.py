@@ -7,11 +7,12 @@ from chat.models import AssistantProfile
 
 @admin.register(AssistantProfile)
 class AssistantProfileAdmin(admin.ModelAdmin):
-    list_display = ("name", "is_default", "temperature", "max_tokens", "updated_at")
+    list_display = ("name", "is_default", "routing", "temperature", "max_tokens", "updated_at")
     filter_horizontal = ("collections",)
     fieldsets = (
         (None, {"fields": ("name", "is_default", "system_prompt")}),
         ("Retrieval", {"fields": ("collections", "search_top_k")}),
+        ("Backend", {"fields": ("routing",)}),
         (
             "Sampling (empty: the active model configuration's defaults)",
             {"fields": ("temperature", "top_p", "top_k", "max_tokens")},

@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 # NOTE: 4401 mirrors HTTP 401 for clients that see the close code.
 CLOSE_UNAUTHENTICATED = 4401
 MAX_COLLECTIONS = 100
+MAX_MODEL_NAME_CHARS = 300
 # How long a disconnect waits for the stopped turn to save its partial answer.
 DISCONNECT_SAVE_TIMEOUT_S = 10.0
 
@@ -58,6 +59,15 @@ def _required_int(frame: dict, name: str) -> int:
     value = _optional_int(frame, name, minimum=1)
     if value is None:
         raise ChatError("invalid", f"{name} is required")
+    return value
+
+
+def _model_name(frame: dict) -> str | None:
+    value = frame.get("model")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_MODEL_NAME_CHARS:
+        raise ChatError("invalid", f"model must be a model name (1-{MAX_MODEL_NAME_CHARS} chars)")
     return value
 
 
@@ -128,6 +138,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 collection_ids=_collection_ids(frame),
                 profile_id=_optional_int(frame, "profile", minimum=1),
                 seed=_optional_int(frame, "seed"),
+                model=_model_name(frame),
             )
             self._start(request)
         elif kind == "regenerate":
@@ -136,6 +147,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 conversation_id=_required_int(frame, "conversation"),
                 seed=_optional_int(frame, "seed"),
                 regenerate=True,
+                model=_model_name(frame),
             )
             self._start(request)
         elif kind == "stop":

@@ -12,6 +12,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from backends.routing import ProfileRouting
 from retrieval.models import Collection
 
 # NOTE: worded for the bundled 135M model, which follows short instructions best: longer prompts
@@ -54,6 +55,13 @@ class AssistantProfile(models.Model):
         blank=True,
         validators=[MinValueValidator(1), MaxValueValidator(20)],
         help_text="Chunks put into the prompt; empty: the CACHET_SEARCH_TOP_K setting.",
+    )
+    routing = models.CharField(
+        max_length=8,
+        choices=ProfileRouting.choices,
+        default=ProfileRouting.AUTO,
+        help_text="Which backend answers this profile's chats (README, routing rules); without "
+        "a remote backend, always the in-process engine.",
     )
     is_default = models.BooleanField(default=False, help_text="Used by new chats by default.")
     created_at = models.DateTimeField(auto_now_add=True)
@@ -144,6 +152,10 @@ class Message(models.Model):
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16, blank=True)
     model = models.CharField(max_length=300, blank=True)
+    # Who answered ("local": the in-process engine; else an InferenceBackend's name) and the
+    # routing rule that chose it (backends.routing).
+    backend = models.CharField(max_length=64, blank=True)
+    route = models.CharField(max_length=32, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -164,6 +176,8 @@ class Message(models.Model):
             "completion_tokens": self.completion_tokens,
             "total_s": self.total_s,
             "model": self.model,
+            "backend": self.backend,
+            "route": self.route,
         }
 
     def as_json(self) -> dict:

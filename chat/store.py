@@ -13,6 +13,7 @@ from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 
+from backends.routing import LOCAL_BACKEND
 from chat.errors import ChatError
 from chat.models import AssistantProfile, Conversation, Message, title_from
 from inference.models import ModelConfig
@@ -161,11 +162,14 @@ def save_answer(begun: BegunTurn, answer, *, seed: int | None) -> Message:
         conversation=conversation,
         role=Message.Role.ASSISTANT,
         content=answer.text,
-        token_ids=answer.token_ids,
+        # NOTE: only the in-process engine's token ids can be replayed into its prompts.
+        token_ids=answer.token_ids if answer.backend == LOCAL_BACKEND else None,
         sources=answer.sources,
         seed=seed,
         finish_reason=answer.finish_reason or "",
         model=answer.model_name,
+        backend=answer.backend,
+        route=answer.route,
         prompt_tokens=usage.prompt_tokens if usage else answer.num_prompt_tokens,
         cached_tokens=usage.cached_tokens if usage else None,
         completion_tokens=usage.completion_tokens if usage else len(answer.token_ids),

@@ -22,11 +22,16 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.db import close_old_connections
 from django.utils import timezone
 
+from backends import metrics as backend_metrics
+from backends.client import RemoteStream, RemoteStreamError
+from backends.replicas import NoReplicaAvailable
+from backends.routing import LOCAL_BACKEND, ProfileRouting, Route, TurnShape
 from chat import store
 from chat.context import source_json, user_turn_text
 from chat.errors import ChatError
 from chat.models import Conversation, Message
 from chat.prompting import cache_salt_for, prompt_builder_for, sampling_params_for
+from chat.remote_turn import chat_messages, choose_turn_route, open_remote_answer
 from inference import runtime
 from inference.engine.engine import Engine
 from inference.engine.outputs import Delta, EngineClosedError, RequestFailedError, Usage
@@ -48,6 +53,7 @@ class TurnRequest:
     profile_id: int | None = None  # new chats only; None: the default profile
     seed: int | None = None  # None: a fresh random seed, saved with the answer
     regenerate: bool = False
+    model: str | None = None  # an explicit model choice; None: the routing rules
 
 
 @dataclass(slots=True)
@@ -57,14 +63,20 @@ class TurnControl:
     is_stopped: bool = False
     _engine: Engine | None = None
     _request_id: str | None = None
+    _stream: RemoteStream | None = None
 
     def stop(self) -> None:
         self.is_stopped = True
         if self._engine is not None and self._request_id is not None:
             self._engine.abort(self._request_id)
+        if self._stream is not None:
+            self._stream.abort()  # closing the stream is how a remote request is cancelled
 
     def attach(self, engine: Engine, request_id: str) -> None:
         self._engine, self._request_id = engine, request_id
+
+    def attach_stream(self, stream: RemoteStream) -> None:
+        self._stream = stream
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +125,8 @@ class TurnInput:
     sources: list[dict] = field(default_factory=list)
     request_id_prefix: str = "chat"
     cache_salt: str | None = None
+    requested_model: str | None = None  # explicit model choice (backends.routing)
+    profile_routing: str = ProfileRouting.AUTO
 
 
 @dataclass(slots=True)
@@ -128,6 +142,8 @@ class Answer:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     usage: Usage | None = None
+    backend: str = LOCAL_BACKEND  # who answered: "local" or an InferenceBackend's name
+    route: str = ""  # the routing rule that chose it (backends.routing), or "fallback"
 
     @property
     def text(self) -> str:
@@ -140,16 +156,31 @@ async def answer_turn(
     """Retrieve, build the cache-aware prompt, and stream the answer into `answer`.
 
     Yields `SourcesFound` once, then `TokenDelta`s. Raises `ChatError` before `SourcesFound`
-    (model unavailable, context overflow); afterwards every ending — done, stopped,
-    closed early, engine failure — leaves `answer` with a finish reason and frees the request.
+    (model unavailable, context overflow, unknown model); afterwards every ending — done,
+    stopped, closed early, engine or backend failure — leaves `answer` with a finish reason and
+    frees the request. The router (backends.routing) picks the in-process engine or a remote
+    model; `answer.backend` and `answer.route` say which and why.
     """
     control = control or TurnControl()
     answer.sources, answer.prompt_content = turn.sources, turn.prompt_content or ""
     hits = await _retrieve(turn) if turn.prompt_content is None else []
+    route = await choose_turn_route(_shape_of(turn, hits))
+    answer.route = route.reason
+    if route.is_remote:
+        stream = await _open_remote(turn, hits, answer, route)
+        if stream is not None:
+            # NOTE: aclosing, so closing this generator ends the remote answer (closing its
+            # stream, setting its finish reason) before the caller saves it.
+            async with contextlib.aclosing(_answer_remotely(stream, answer, control)) as events:
+                async for event in events:
+                    yield event
+            return
+        answer.route = "fallback"
 
     try:
         engine, answer.model_name = runtime.get_engine_and_model()
     except runtime.EngineUnavailable as error:
+        backend_metrics.record_unavailable(LOCAL_BACKEND)
         raise ChatError("engine_unavailable", str(error)) from error
     builder = prompt_builder_for(engine, turn.system_prompt)
     history = [_history_turn(item, answer.model_name) for item in turn.history]
@@ -171,6 +202,7 @@ async def answer_turn(
     answer.num_prompt_tokens = len(prompt.token_ids)
     answer.is_started = True
     control.attach(engine, request_id)
+    backend_metrics.record_route(LOCAL_BACKEND, answer.route)
     # NOTE: sources come after everything that can refuse the turn, so a caller that waits for
     # them (the REST API) can still answer a refusal with its own status code.
     yield SourcesFound(answer.sources)
@@ -187,6 +219,49 @@ async def answer_turn(
         # NOTE: the chat template closes an answer itself; an eos kept here would appear twice.
         while answer.token_ids and answer.token_ids[-1] in engine.eos_token_ids:
             answer.token_ids.pop()
+        backend_metrics.record_request(LOCAL_BACKEND, answer.finish_reason)
+
+
+async def _open_remote(
+    turn: TurnInput, hits: list, answer: Answer, route: Route
+) -> RemoteStream | None:
+    """The stream of `route`'s model, or None when no replica can take the turn and the route
+    may fall back to the in-process engine."""
+    if turn.prompt_content is None:
+        # NOTE: the whole history is sent; a remote model's context is the remote's concern
+        # (an overflow comes back as context_overflow).
+        _lay_out_passages(turn, hits, answer, num_kept_from=0)
+    history = [_history_turn(item, route.model) for item in turn.history]
+    messages = chat_messages(turn.system_prompt, history, answer.prompt_content)
+    request_id = f"{turn.request_id_prefix}-{uuid.uuid4().hex[:16]}"
+    try:
+        return await open_remote_answer(route, messages, turn.params, request_id)
+    except NoReplicaAvailable as error:
+        backend_metrics.record_unavailable(route.model)
+        if not route.may_fall_back:
+            raise ChatError("backend_unavailable", str(error)) from None
+        logger.warning("%s; the in-process engine answers instead", error)
+        return None
+
+
+async def _answer_remotely(
+    stream: RemoteStream, answer: Answer, control: TurnControl
+) -> AsyncIterator[SourcesFound | TokenDelta]:
+    answer.backend, answer.model_name = stream.backend.name, stream.payload["model"]
+    answer.is_started = True
+    control.attach_stream(stream)
+    backend_metrics.record_route(answer.backend, answer.route)
+    yield SourcesFound(answer.sources)
+    try:
+        if not control.is_stopped:
+            async for text in _read(stream, answer):
+                yield TokenDelta(text)
+    finally:
+        if answer.finish_reason is None:
+            control.stop()
+        await stream.aclose()  # the remote server aborts a request whose stream is closed
+        answer.finish_reason = _finish_reason(answer, control)
+        backend_metrics.record_request(answer.backend, answer.finish_reason)
 
 
 async def run_turn(
@@ -210,6 +285,8 @@ async def run_turn(
         sources=question.sources,
         request_id_prefix=f"chat-{begun.conversation.pk}",
         cache_salt=cache_salt_for(request.user),
+        requested_model=request.model,
+        profile_routing=begun.profile.routing,
     )
     answer = Answer()
     try:
@@ -244,22 +321,12 @@ def _build_with_passages(builder, turn: TurnInput, history: list[Turn], hits: li
     """
     num_kept_from = 0
     for attempt in range(MAX_PASSAGE_LAYOUTS + 1):
-        quoted = (
-            set()
-            if attempt == MAX_PASSAGE_LAYOUTS
-            else _quoted_chunk_ids(turn.history[num_kept_from:])
-        )
-        answer.sources = [
-            source_json(n, hit, quoted_earlier=hit.chunk_id in quoted)
-            for n, hit in enumerate(hits, start=1)
-        ]
-        answer.prompt_content = user_turn_text(
-            turn.question,
+        _lay_out_passages(
+            turn,
             hits,
-            user_name=turn.user.get_full_name() or turn.user.get_username(),
-            today=timezone.localdate(),
-            quoted_earlier=quoted,
-            known_facts=_user_turns_text(turn.history[num_kept_from:]),
+            answer,
+            num_kept_from=num_kept_from,
+            quote_all=attempt == MAX_PASSAGE_LAYOUTS,
         )
         prompt = builder.build(
             history, answer.prompt_content, max_tokens=turn.params.max_tokens or 1
@@ -268,6 +335,44 @@ def _build_with_passages(builder, turn: TurnInput, history: list[Turn], hits: li
             return prompt
         num_kept_from = prompt.num_dropped_turns
     return prompt
+
+
+def _lay_out_passages(
+    turn: TurnInput, hits: list, answer: Answer, *, num_kept_from: int, quote_all: bool = False
+) -> None:
+    """This turn's sources and user turn, given the history kept from `num_kept_from` on."""
+    quoted = set() if quote_all else _quoted_chunk_ids(turn.history[num_kept_from:])
+    answer.sources = [
+        source_json(n, hit, quoted_earlier=hit.chunk_id in quoted)
+        for n, hit in enumerate(hits, start=1)
+    ]
+    answer.prompt_content = user_turn_text(
+        turn.question,
+        hits,
+        user_name=turn.user.get_full_name() or turn.user.get_username(),
+        today=timezone.localdate(),
+        quoted_earlier=quoted,
+        known_facts=_user_turns_text(turn.history[num_kept_from:]),
+    )
+
+
+def _shape_of(turn: TurnInput, hits: list) -> TurnShape:
+    """What the routing rules see: the turn's size in characters and passages."""
+    history_chars = sum(
+        len(item.content if isinstance(item, Turn) else item.prompt_content or item.content)
+        for item in turn.history
+    )
+    if turn.prompt_content is None:
+        newest_chars = len(turn.question) + sum(len(hit.text) for hit in hits)
+        num_passages = len(hits)
+    else:
+        newest_chars, num_passages = len(turn.prompt_content), len(turn.sources)
+    return TurnShape(
+        requested_model=turn.requested_model,
+        profile_routing=turn.profile_routing,
+        prompt_chars=history_chars + newest_chars,
+        num_passages=num_passages,
+    )
 
 
 def _user_turns_text(history: list[Turn | Message]) -> str:
@@ -310,7 +415,8 @@ async def _retrieve(turn: TurnInput) -> list:
 
 
 async def _read(stream: AsyncIterator[Delta | Usage], answer: Answer) -> AsyncIterator[str]:
-    """Text deltas of `stream`, recording tokens, finish reason and usage into `answer`."""
+    """Text deltas of `stream` (the engine's or a remote one), recording tokens, finish reason
+    and usage into `answer`."""
     try:
         async for item in stream:
             if isinstance(item, Delta):
@@ -322,9 +428,10 @@ async def _read(stream: AsyncIterator[Delta | Usage], answer: Answer) -> AsyncIt
                     yield item.text
             else:
                 answer.usage = item
-    except (RequestFailedError, EngineClosedError) as error:
-        logger.warning("chat request ended by the engine: %s", error)
-        answer.finish_reason = "error" if isinstance(error, RequestFailedError) else "abort"
+    except (RequestFailedError, EngineClosedError, RemoteStreamError) as error:
+        logger.warning("chat request ended by its backend: %s", error)
+        is_abort = isinstance(error, EngineClosedError) or getattr(error, "is_abort", False)
+        answer.finish_reason = "abort" if is_abort else "error"
 
 
 def _finish_reason(answer: Answer, control: TurnControl) -> str:

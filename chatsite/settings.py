@@ -78,6 +78,22 @@ try:
         os.environ, "CACHET_MAX_MESSAGE_CHARS", default=8000, minimum=1
     )
     # --- end Chat ---
+    # --- Backends and routing (backends/; rules in docs/scale-out.md) ---
+    # A remote replica that failed is skipped for this long, then tried again.
+    CACHET_BACKEND_RETRY_S = env.read_int(
+        os.environ, "CACHET_BACKEND_RETRY_S", default=30, minimum=1
+    )
+    # The longest a remote backend may stay silent (waiting for headers or the next token).
+    CACHET_BACKEND_TIMEOUT_S = env.read_int(
+        os.environ, "CACHET_BACKEND_TIMEOUT_S", default=120, minimum=1
+    )
+    # Automatic routing: a turn this long (characters of history, passages and question), or with
+    # this many passages, goes to the remote model when one is configured.
+    CACHET_ROUTE_PROMPT_CHARS = env.read_int(
+        os.environ, "CACHET_ROUTE_PROMPT_CHARS", default=6000, minimum=1
+    )
+    CACHET_ROUTE_PASSAGES = env.read_int(os.environ, "CACHET_ROUTE_PASSAGES", default=8, minimum=1)
+    # --- end Backends ---
     # The most tokens one API request may ask to generate (its default is 256, or this if lower).
     CACHET_API_MAX_TOKENS = env.read_int(
         os.environ, "CACHET_API_MAX_TOKENS", default=4096, minimum=1
@@ -131,6 +147,7 @@ INSTALLED_APPS = [
     "retrieval",
     "chat",
     "api",
+    "backends",
     "frontend",
     "ninja",
 ]

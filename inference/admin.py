@@ -21,9 +21,10 @@ class ModelConfigAdmin(admin.ModelAdmin):
         "max_model_len",
         "kv_cache_mb",
         "max_num_seqs",
+        "quantization",
         "updated_at",
     )
-    list_filter = ("is_active", "dtype")
+    list_filter = ("is_active", "dtype", "quantization")
     search_fields = ("name", "source")
     readonly_fields = ("is_active", "created_at", "updated_at")
     actions = ("activate_selected",)
@@ -41,6 +42,18 @@ class ModelConfigAdmin(admin.ModelAdmin):
                     "max_num_batched_tokens",
                     "enable_prefix_caching",
                 )
+            },
+        ),
+        (
+            "Speed",
+            {
+                "fields": (
+                    "quantization",
+                    "quantization_group_size",
+                    "kv_cache_dtype",
+                    "num_speculative_tokens",
+                ),
+                "description": "What each option buys on this machine: docs/benchmarks.md.",
             },
         ),
         ("Default sampling", {"fields": ("temperature", "top_p", "top_k", "max_tokens")}),

@@ -11,5 +11,6 @@ class InferenceConfig(AppConfig):
         if settings.CACHET_TORCH_THREADS:
             import torch
 
-            # NOTE: process-wide: the engine and the embedding model share these threads.
+            # NOTE: torch threads are a per-thread setting: this covers the main thread; the
+            # engine thread applies EngineConfig.num_threads itself (inference/runtime.py).
             torch.set_num_threads(settings.CACHET_TORCH_THREADS)

@@ -7,6 +7,7 @@ for 1/8/32 concurrent requests (HF as padded static batches) and peak_rss_mb.
 
     python -m inference.bench --json            # the full run (several minutes on 2 cores)
     python -m inference.bench --json --smoke    # tiny sizes: checks the harness end to end
+    python -m inference.bench --table           # the optimization table -> docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -238,6 +239,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--hf-dtype", default="bfloat16", help="baseline dtype (issue: bf16)")
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
+    parser.add_argument(
+        "--table", action="store_true", help="the optimization table (see optimization_table.py)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="--table file")
+    parser.add_argument(
+        "--chart", type=Path, default=Path("docs/benchmarks.png"), help="--table PNG chart"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -247,6 +255,8 @@ def main(argv: list[str] | None = None) -> dict:
     from inference.model_files import resolve_chat_model
 
     model_dir = args.model_dir or resolve_chat_model(None, args.models_dir).directory
+    if args.table:
+        return table_main(args, model_dir, argv)
     workload = SMOKE if args.smoke else Workload()
     seeds = Seeds()
     result: dict = {"workload": {
@@ -264,6 +274,30 @@ def main(argv: list[str] | None = None) -> dict:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return result
+
+
+def table_main(args: argparse.Namespace, model_dir: Path, argv: list[str] | None) -> dict:
+    from transformers import AutoTokenizer
+
+    from inference import optimization_table
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    workload = optimization_table.SMOKE_TABLE if args.smoke else optimization_table.TableWorkload()
+    table = optimization_table.build_table(
+        model_dir, tokenizer, workload, kv_cache_mb=args.kv_cache_mb
+    )
+    command = "python -m inference.bench " + " ".join(sys.argv[1:] if argv is None else argv)
+    optimization_table.render_chart(table, args.chart)
+    chart_name = (
+        str(args.chart.relative_to(args.out.parent))
+        if args.chart.is_relative_to(args.out.parent)
+        else str(args.chart)
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(optimization_table.render_markdown(table, command.strip(), chart_name))
+    json.dump(table, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return table
 
 
 if __name__ == "__main__":

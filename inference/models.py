@@ -11,9 +11,10 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 
 from chatsite.env import ConfigError, read_model_source
-from inference.engine.config import parse_dtype
+from inference.engine.config import MAX_SPECULATIVE_TOKENS, parse_dtype
 from inference.engine.kv_cache import KVCacheSpec
 from inference.engine.loader import SUPPORTED_MODEL_TYPES
+from inference.engine.quantization import DEFAULT_INT4_GROUP_SIZE, check_quantization
 from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_chat_model
 
 
@@ -25,6 +26,15 @@ class ModelConfig(models.Model):
         BFLOAT16 = "bfloat16", "bfloat16"
         FLOAT32 = "float32", "float32 (exact)"
         FLOAT16 = "float16", "float16 (GPUs)"
+
+    class Quantization(models.TextChoices):
+        NONE = "none", "none (the dtype above)"
+        INT8 = "int8", "int8 (per channel, about half the weight memory)"
+        INT4 = "int4", "int4 (grouped, about a third of the weight memory)"
+
+    class KvCacheDtype(models.TextChoices):
+        AUTO = "auto", "auto (the model dtype)"
+        INT8 = "int8", "int8 (about half the KV memory per token)"
 
     name = models.CharField(max_length=100, unique=True)
     source = models.CharField(
@@ -52,6 +62,29 @@ class ModelConfig(models.Model):
         help_text="Token budget of one engine step (decodes plus prefill chunks).",
     )
     enable_prefix_caching = models.BooleanField(default=True)
+    quantization = models.CharField(
+        max_length=8,
+        choices=Quantization.choices,
+        default=Quantization.NONE,
+        help_text="Weight-only quantization applied after loading (see docs/benchmarks.md).",
+    )
+    quantization_group_size = models.PositiveIntegerField(
+        default=DEFAULT_INT4_GROUP_SIZE,
+        validators=[MinValueValidator(16)],
+        help_text="int4 only: weights per scale (a power of two that divides every layer).",
+    )
+    kv_cache_dtype = models.CharField(
+        max_length=8,
+        choices=KvCacheDtype.choices,
+        default=KvCacheDtype.AUTO,
+        verbose_name="KV cache dtype",
+    )
+    num_speculative_tokens = models.PositiveIntegerField(
+        default=0,
+        validators=[MaxValueValidator(MAX_SPECULATIVE_TOKENS)],
+        help_text="Draft tokens per step from n-gram prompt lookup (0: off). Greedy and seeded "
+        "answers are unchanged; it speeds up answers that quote the prompt.",
+    )
     temperature = models.FloatField(
         default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
     )
@@ -94,6 +127,11 @@ class ModelConfig(models.Model):
             errors["max_num_batched_tokens"] = (
                 "must be at least max_num_seqs, so every running request can decode each step"
             )
+        if self.quantization and self.quantization_group_size:
+            try:
+                check_quantization(self.quantization, self.quantization_group_size)
+            except ValueError as error:
+                errors["quantization_group_size"] = str(error)
         try:
             model_dir = self._resolve_model_dir()
         except (ConfigError, ModelSourceError) as error:
@@ -144,6 +182,7 @@ class ModelConfig(models.Model):
             head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
             block_size=self.block_size,
             dtype=parse_dtype(self.dtype),
+            cache_dtype=self.kv_cache_dtype or "auto",
         )
         num_blocks = -(-self.max_model_len // self.block_size)
         return -(-num_blocks * spec.bytes_per_block // (1024 * 1024))

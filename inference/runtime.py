@@ -64,6 +64,11 @@ def engine_config_for(model_config: ModelConfig | None) -> EngineConfig:
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         enable_prefix_caching=config.enable_prefix_caching,
+        num_threads=settings.CACHET_TORCH_THREADS,
+        quantization=config.quantization,
+        quantization_group_size=config.quantization_group_size,
+        kv_cache_dtype=config.kv_cache_dtype,
+        num_speculative_tokens=config.num_speculative_tokens,
     )
 
 

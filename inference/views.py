@@ -1,4 +1,4 @@
-"""`GET /metrics`: the engine's Prometheus series, for staff or a bearer token."""
+"""`GET /metrics`: the engine's and the backends' Prometheus series, for staff or a bearer token."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from backends import metrics as backend_metrics
 from inference.runtime import EngineUnavailable, get_engine
 
 
@@ -32,4 +33,6 @@ def metrics(request: HttpRequest) -> HttpResponse:
         engine = get_engine()
     except EngineUnavailable as error:
         return HttpResponse(f"{error}\n", status=503, content_type="text/plain")
-    return HttpResponse(generate_latest(engine.metrics.registry), content_type=CONTENT_TYPE_LATEST)
+    # NOTE: routing and remote-backend series (backends.metrics) are per process, as the engine's.
+    body = generate_latest(engine.metrics.registry) + generate_latest(backend_metrics.REGISTRY)
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -434,6 +434,17 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
 
 
+def config_report(config: object, common: Common) -> dict:
+    """A report's "config": the suite's own settings plus the shared ones that shape a run."""
+    return {**asdict(config), "seed": common.seed, "torch_threads": common.torch_threads or 0}
+
+
+def server_report(site: dict, *keys: str, **extra: object) -> dict:
+    """A report's "server": the model it served, its KV cache and start-up, plus `keys`."""
+    shown = ("model", "model_config", *keys, "kv_tokens", "startup_s")
+    return {**{key: site[key] for key in shown}, **extra}
+
+
 def common_of(args: argparse.Namespace) -> Common:
     return Common(
         models_dir=args.models_dir,

@@ -29,7 +29,7 @@ import logging
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from frontend.bench import CLOSED, BenchError, ChatSocket
@@ -45,11 +45,13 @@ from reliability.common import (
     chat_exchange,
     check,
     common_of,
+    config_report,
     engine_state,
     healthz,
     main_of,
     open_chat,
     question,
+    server_report,
     start_server,
     wait_for_idle,
 )
@@ -405,17 +407,8 @@ def build_report(config, common, site, result, before, final, health, alive) -> 
         check("/healthz ok afterwards", health == "ok", status=health),
     ]
     return {
-        "config": {
-            **asdict(config),
-            "seed": common.seed,
-            "torch_threads": common.torch_threads or 0,
-        },
-        "server": {
-            "model": site["model"],
-            "model_config": site["model_config"],
-            "kv_tokens": site["kv_tokens"],
-            "startup_s": site["startup_s"],
-        },
+        "config": config_report(config, common),
+        "server": server_report(site),
         "clients": len(outcomes),
         "api_clients": sum(1 for o in outcomes if o.plan.kind == "api"),
         "chat_clients": sum(1 for o in outcomes if o.plan.kind == "chat"),

@@ -26,7 +26,7 @@ import logging
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from frontend.bench import BenchError
@@ -40,9 +40,11 @@ from reliability.common import (
     api_client,
     check,
     common_of,
+    config_report,
     engine_state,
     healthz,
     main_of,
+    server_report,
     start_server,
     wait_for_idle,
 )
@@ -247,18 +249,8 @@ def build_report(pressure, common, site, result, before, after, waited_s, health
     ]
     tokens = sum(r.completion_tokens or 0 for r in answered)
     return {
-        "config": {
-            **asdict(pressure),
-            "seed": common.seed,
-            "torch_threads": common.torch_threads or 0,
-        },
-        "server": {
-            "model": site["model"],
-            "model_config": site["model_config"],
-            "kv_blocks": site["kv_blocks"],
-            "kv_tokens": site["kv_tokens"],
-            "startup_s": site["startup_s"],
-        },
+        "config": config_report(pressure, common),
+        "server": server_report(site, "kv_blocks"),
         "requests": len(replies),
         "answered": len(answered),
         "prompt_tokens_mean": round(

@@ -30,7 +30,7 @@ import logging
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from frontend.bench import BenchError
@@ -46,11 +46,13 @@ from reliability.common import (
     chat_exchange,
     check,
     common_of,
+    config_report,
     first_difference,
     main_of,
     open_chat,
     question,
     rss_mb,
+    server_report,
     start_server,
     wait_for_idle,
 )
@@ -585,19 +587,10 @@ def build_report(load, common, site, result, final, final_wait_s, final_rss) -> 
     ]
     answered = [r for r in records if r.error is None]
     return {
-        "config": {
-            **asdict(load),
-            "seed": common.seed,
-            "torch_threads": common.torch_threads or 0,
-        },
-        "server": {
-            "model": site["model"],
-            "model_config": site["model_config"],
-            "kv_tokens": site["kv_tokens"],
-            "startup_s": site["startup_s"],
-            "rss_mb_after_warmup": result["baseline"]["rss_mb"],
-            "rss_mb_at_end": final_rss,
-        },
+        "config": config_report(load, common),
+        "server": server_report(
+            site, rss_mb_after_warmup=result["baseline"]["rss_mb"], rss_mb_at_end=final_rss
+        ),
         "rounds": rounds,
         "answers": len(answered),
         "chat_answers": sum(1 for r in answered if r.kind == "chat"),

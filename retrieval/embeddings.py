@@ -8,6 +8,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from inference.torch_threads import run_torch_work
+
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
 
@@ -35,8 +37,9 @@ class Embedder:
         """Float32 unit vectors, one row per text."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        with _lock:  # NOTE: the model is not safe to call from two threads at once.
-            vectors = self.model.encode(
+
+        def embed():
+            return self.model.encode(
                 texts,
                 batch_size=self.batch_size,
                 normalize_embeddings=True,
@@ -44,6 +47,11 @@ class Embedder:
                 convert_to_tensor=True,
                 show_progress_bar=False,
             )
+
+        with _lock:  # NOTE: the model is not safe to call from two threads at once.
+            # NOTE: queries single-threaded, batches on a short-lived thread: either way no
+            # lasting OpenMP team competes with the engine's (see inference/torch_threads.py).
+            vectors = run_torch_work(embed, len(texts))
         return vectors.float().cpu().numpy().astype(np.float32, copy=False)
 
 

@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
+from inference.torch_threads import run_torch_work
 from retrieval.fusion import weighted_score_fusion
 
 logger = logging.getLogger(__name__)
@@ -81,10 +82,10 @@ class CrossEncoderReranker:
     def rerank(self, query: str, candidates: list[Candidate]) -> list[Candidate]:
         if not candidates:
             return []
-        scores = self.model.predict(
-            [(query, c.text) for c in candidates],
-            batch_size=self.batch_size,
-            show_progress_bar=False,
+        pairs = [(query, c.text) for c in candidates]
+        scores = run_torch_work(
+            lambda: self.model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False),
+            len(pairs),
         )
         rescored = [
             Candidate(c.chunk_id, c.text, float(s), c.lexical_score, c.dense_score)

@@ -75,9 +75,9 @@ class FakeRunner:
         if self.num_failures_left:
             self.num_failures_left -= 1
             raise RuntimeError("simulated kernel failure")
-        logits = torch.full((len(entries), VOCAB_SIZE), -10.0)
+        next_tokens = []
         size = self.block_size
-        for row, entry in enumerate(entries):
+        for entry in entries:
             num_tokens = entry.num_computed_tokens + len(entry.token_ids)
             assert len(entry.block_table) * size >= num_tokens
             for offset, token_id in enumerate(entry.token_ids):
@@ -86,7 +86,11 @@ class FakeRunner:
             context = [
                 self.cache[entry.block_table[p // size]][p % size] for p in range(num_tokens)
             ]
-            logits[row, next_token(context)] = 10.0
+            # NOTE: a speculative entry wants logits after each of its last num_logits tokens.
+            for end in range(num_tokens - _num_logits(entry) + 1, num_tokens + 1):
+                next_tokens.append(next_token(context[:end]))
+        logits = torch.full((len(next_tokens), VOCAB_SIZE), -10.0)
+        logits[torch.arange(len(next_tokens)), next_tokens] = 10.0
         return logits
 
 
@@ -100,8 +104,17 @@ class ScriptedRunner(FakeRunner):
         self.vocab_size = vocab_size
 
     def execute(self, entries) -> torch.Tensor:
-        logits = torch.full((len(entries), self.vocab_size), -10.0)
-        for row, entry in enumerate(entries):
-            index = entry.num_computed_tokens + len(entry.token_ids) - self.prompt_len
-            logits[row, self.script[min(index, len(self.script) - 1)]] = 10.0
+        self.num_steps += 1
+        self.batch_sizes.append(len(entries))
+        next_tokens = []
+        for entry in entries:
+            end = entry.num_computed_tokens + len(entry.token_ids) - self.prompt_len
+            for index in range(end - _num_logits(entry) + 1, end + 1):
+                next_tokens.append(self.script[min(index, len(self.script) - 1)])
+        logits = torch.full((len(next_tokens), self.vocab_size), -10.0)
+        logits[torch.arange(len(next_tokens)), next_tokens] = 10.0
         return logits
+
+
+def _num_logits(entry) -> int:
+    return getattr(entry, "num_logits", 1)

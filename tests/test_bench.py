@@ -44,3 +44,30 @@ def test_prompts_have_the_requested_shape(chat_model_dir) -> None:
     assert 100 <= shared <= 115  # the system turn (plus template tokens) is a common prefix
     assert 130 <= len(first) <= 150
     assert first != second
+
+
+def test_the_smoke_optimization_table_measures_every_row_and_writes_markdown_and_a_chart(
+    chat_model_dir, tmp_path, capsys
+) -> None:
+    from inference.optimization_table import ROWS
+
+    out, chart = tmp_path / "benchmarks.md", tmp_path / "charts" / "benchmarks.png"
+    argv = ["--table", "--smoke", "--model-dir", str(chat_model_dir)]
+    table = bench.main([*argv, "--out", str(out), "--chart", str(chart)])
+    assert json.loads(capsys.readouterr().out) == table
+    rows = table["rows"]
+    assert [row["name"] for row in rows] == [row.name for row in ROWS]
+    for row in rows:
+        assert row["ttft_p50_s"] > 0 and row["single_tok_s"] > 0 and row["throughput_tok_s"] > 0
+        assert row["kv_peak_mb"] > 0 and 1 < row["perplexity"] < 100
+    by_name = {row["name"]: row for row in rows}
+    bf16 = by_name["+ continuous batching"]
+    assert by_name["+ int8 weights"]["weights_mb"] < 0.6 * bf16["weights_mb"]
+    assert by_name["+ int4 weights"]["weights_mb"] < by_name["+ int8 weights"]["weights_mb"]
+    assert bf16["perplexity_change"] == 0.0  # the reference format
+    speculative = table["speculative_extractive"]
+    assert speculative["identical_text"] and speculative["acceptance_rate"] > 0
+    markdown = out.read_text()
+    assert markdown.count("\n| ") == len(ROWS) + 1  # header + one line per row
+    assert "![optimization chart](charts/benchmarks.png)" in markdown
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -68,6 +68,8 @@ def test_messages_serialise_to_the_protocol_shape():
         "completion_tokens": 7,
         "total_s": None,
         "model": "m",
+        "backend": "",
+        "route": "",
     }
 
 

@@ -38,6 +38,15 @@ def test_torch_dtypes_are_accepted():
         ({"kv_cache_mb": 0}, "kv_cache_mb must be > 0"),
         ({"kv_cache_mb": "lots"}, "kv_cache_mb must be a number"),
         ({"enable_prefix_caching": 1}, "enable_prefix_caching must be True or False"),
+        ({"num_speculative_tokens": -1}, "num_speculative_tokens must be >= 0"),
+        ({"num_speculative_tokens": 17}, "num_speculative_tokens must be <= 16"),
+        ({"num_speculative_tokens": 2.0}, "num_speculative_tokens must be an integer"),
+        ({"speculative_ngram_min": 0}, "speculative_ngram_min must be >= 1"),
+        (
+            {"speculative_ngram_min": 3, "speculative_ngram_max": 2},
+            r"speculative_ngram_max \(2\) must be >= speculative_ngram_min \(3\)",
+        ),
+        ({"speculative_max_num_seqs": 0}, "speculative_max_num_seqs must be >= 1"),
     ],
 )
 def test_bad_settings_raise_config_error(kwargs, message):

@@ -283,6 +283,29 @@ def test_the_engine_thread_sleeps_when_idle(engine):
     assert engine.runner.num_steps == num_steps
 
 
+def test_the_engine_thread_runs_torch_with_the_configured_thread_count():
+    engine = make_fake_engine(num_threads=1)
+    seen = []
+
+    def on_output(item):
+        # NOTE: output callbacks run on the engine thread, the one that does the torch work.
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+
+    try:
+        engine.submit(prompt(1), GREEDY, on_output=on_output)
+        wait_until(lambda: any(isinstance(item, tuple) for item in seen) and kv_is_idle(engine))
+    finally:
+        engine.shutdown()
+    assert seen and all(thread == ("cachet-engine", 1) for thread in seen)
+
+
+def test_weights_that_fail_to_load_raise_from_the_constructor_and_stop_the_thread(tmp_path):
+    threads_before = {t.name for t in threading.enumerate()}
+    with pytest.raises(ValueError, match="config.json"):
+        Engine(EngineConfig(tmp_path))
+    assert "cachet-engine" not in {t.name for t in threading.enumerate()} - threads_before
+
+
 def test_requests_join_a_running_batch():
     runner = FakeRunner(step_delay_s=0.005)
     engine = make_fake_engine(runner)

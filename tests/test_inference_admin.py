@@ -21,6 +21,10 @@ FORM = {
     "max_num_seqs": 8,
     "max_num_batched_tokens": 256,
     "enable_prefix_caching": "on",
+    "quantization": "int8",
+    "quantization_group_size": 32,
+    "kv_cache_dtype": "auto",
+    "num_speculative_tokens": 2,
     "temperature": 0.5,
     "top_p": 0.9,
     "top_k": "",
@@ -69,6 +73,9 @@ def test_activating_a_configuration_reloads_the_engine(staff_client, chat_model_
     assert config.is_active
     engine = _wait_for_config("smaller")
     assert engine.config.max_num_seqs == 8
+    # The speed options are loaded too: int8 weights, speculative decoding.
+    assert (engine.config.quantization, engine.config.num_speculative_tokens) == ("int8", 2)
+    assert type(engine.runner.model.layers[0].mlp.down_proj).__name__ == "Int8Linear"
 
 
 def _wait_for_config(name: str, timeout_s: float = 120.0):

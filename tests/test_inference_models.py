@@ -46,6 +46,37 @@ def test_a_kv_budget_too_small_for_one_sequence_names_the_minimum(chat_model_dir
     ]
 
 
+def test_an_int8_kv_cache_lowers_the_minimum_kv_budget(chat_model_dir) -> None:
+    # int8 codes plus one bf16 scale per head and token: 30 x 3 x (64 + 2) x 2 = 11,880 B/token.
+    config = ModelConfig(
+        name="tiny", dtype="bfloat16", kv_cache_dtype="int8", kv_cache_mb=1, max_model_len=4096
+    )
+    assert errors_of(config)["kv_cache_mb"] == [
+        "too small to hold one 4096-token sequence: needs at least 47 MB for this model and dtype"
+    ]
+
+
+def test_an_int4_group_size_that_is_not_a_power_of_two_is_refused(chat_model_dir) -> None:
+    errors = errors_of(ModelConfig(name="q", quantization="int4", quantization_group_size=48))
+    assert "group" in errors["quantization_group_size"][0]
+
+
+def test_speculative_tokens_beyond_the_engine_limit_are_refused(chat_model_dir) -> None:
+    errors = errors_of(ModelConfig(name="s", num_speculative_tokens=64))
+    assert errors["num_speculative_tokens"]
+
+
+def test_the_speed_options_reach_the_engine_config(chat_model_dir) -> None:
+    from inference.runtime import engine_config_for
+
+    config = ModelConfig(
+        name="fast", quantization="int8", kv_cache_dtype="int8", num_speculative_tokens=3
+    )
+    engine_config = engine_config_for(config)
+    assert (engine_config.quantization, engine_config.kv_cache_dtype) == ("int8", "int8")
+    assert engine_config.num_speculative_tokens == 3
+
+
 def test_max_model_len_cannot_exceed_the_models_positions(chat_model_dir) -> None:
     errors = errors_of(ModelConfig(name="long", max_model_len=100_000, kv_cache_mb=4096))
     assert errors["max_model_len"] == ["the model supports at most 8192 positions"]

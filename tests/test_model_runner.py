@@ -119,6 +119,22 @@ def test_logits_come_back_in_the_order_of_the_entries(tiny_model_dir):
     torch.testing.assert_close(together, separate, atol=1e-5, rtol=1e-5)
 
 
+def test_an_entry_can_ask_for_the_logits_of_each_of_its_last_tokens(tiny_model_dir):
+    # What speculative verification needs: logits after every draft token, in entry order.
+    runner = _runner(tiny_model_dir("qwen2"), kv_cache_bytes=4 << 20)
+    runner.execute([BatchEntry([5, 6, 7], 0, [0]), BatchEntry([9, 8], 0, [1])])
+    verify = BatchEntry([8, 1, 2, 3], 3, [0], num_logits=3)
+    decode = BatchEntry([4], 2, [1])
+    logits = runner.execute([verify, decode])
+    assert logits.shape == (4, runner.vocab_size)
+    # The same positions one token at a time (each rewrites the slot the last step wrote).
+    one_by_one = [runner.execute([BatchEntry([8, 1], 3, [0])])]
+    one_by_one += [runner.execute([BatchEntry([2], 5, [0])])]
+    one_by_one += [runner.execute([BatchEntry([3], 6, [0])])]
+    one_by_one += [runner.execute([BatchEntry([4], 2, [1])])]
+    torch.testing.assert_close(logits, torch.cat(one_by_one), atol=1e-5, rtol=1e-5)
+
+
 def test_runner_reports_its_cache_and_model_sizes(tiny_model_dir):
     runner = _runner(tiny_model_dir("qwen2"), kv_cache_bytes=1 << 20, max_model_len=100_000)
     assert runner.max_model_len == 512  # capped at max_position_embeddings
@@ -136,6 +152,7 @@ def test_runner_reports_its_cache_and_model_sizes(tiny_model_dir):
         (BatchEntry([1] * 17, 0, [0]), "cannot hold 17 tokens"),
         (BatchEntry([1], 0, [10_000]), "block ids must be in"),
         (BatchEntry([1], 300, list(range(20))), "exceeds max_model_len"),
+        (BatchEntry([1, 2], 0, [0], num_logits=3), r"num_logits must be in \[1, 2\]"),
     ],
 )
 def test_invalid_entries_raise_value_error(tiny_model_dir, entry, message):

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inference.engine.kv_cache import dequantize_kv, quantize_kv
+
 
 @dataclass(slots=True)
 class PrefillSpan:
@@ -160,27 +162,41 @@ def paged_attention(
     metadata: AttentionMetadata,
     *,
     scale: float,
+    kv_scales: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:
     """Store k/v [num_tokens, num_kv_heads, head_dim] in the cache, then attend.
 
     q is [num_tokens, num_heads, head_dim]; returns [num_tokens, num_heads, head_dim]. Query head
     h uses KV head h // (num_heads // num_kv_heads), as in transformers' repeat_kv.
+    `kv_scales` (key scales, value scales) [num_blocks, num_kv_heads, block_size] make the
+    caches int8: written quantized, read dequantized to q's dtype (see kv_cache.py).
     """
     num_tokens, num_heads, head_dim = q.shape
-    k_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, k.reshape(-1, head_dim))
-    v_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, v.reshape(-1, head_dim))
+    if kv_scales:
+        _write_quantized(k_cache, kv_scales[0], k, metadata.write_index)
+        _write_quantized(v_cache, kv_scales[1], v, metadata.write_index)
+    else:
+        k_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, k.reshape(-1, head_dim))
+        v_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, v.reshape(-1, head_dim))
 
     num_decodes = metadata.num_decode_tokens
     if num_decodes == num_tokens:  # pure decode step: no output buffer to assemble
-        return _decode_attention(q, k_cache, v_cache, metadata, scale)
+        return _decode_attention(q, k_cache, v_cache, metadata, scale, kv_scales)
     out = q.new_empty(num_tokens, num_heads, head_dim)
     if num_decodes:
-        out[:num_decodes] = _decode_attention(q[:num_decodes], k_cache, v_cache, metadata, scale)
+        out[:num_decodes] = _decode_attention(
+            q[:num_decodes], k_cache, v_cache, metadata, scale, kv_scales
+        )
     for span in metadata.prefills:
         start, end = span.query_start, span.query_start + span.num_query_tokens
         if span.gather_index is None:
             keys = k[start:end].transpose(0, 1)
             values = v[start:end].transpose(0, 1)
+        elif kv_scales:
+            keys = _gather_quantized(k_cache, kv_scales[0], span.gather_index, q.dtype)
+            values = _gather_quantized(v_cache, kv_scales[1], span.gather_index, q.dtype)
+            keys = keys[:, : span.num_context_tokens]
+            values = values[:, : span.num_context_tokens]
         else:
             keys = _gather(k_cache, span.gather_index)[:, : span.num_context_tokens]
             values = _gather(v_cache, span.gather_index)[:, : span.num_context_tokens]
@@ -205,12 +221,33 @@ def _gather(cache: torch.Tensor, gather_index: torch.Tensor) -> torch.Tensor:
     return rows.view(num_kv_heads, -1, head_dim)
 
 
+def _write_quantized(
+    cache: torch.Tensor, scales: torch.Tensor, x: torch.Tensor, write_index: torch.Tensor
+) -> None:
+    """Quantize x [num_tokens, num_kv_heads, head_dim] into an int8 cache and its scales."""
+    head_dim = cache.shape[-1]
+    codes, row_scales = quantize_kv(x.reshape(-1, head_dim))
+    cache.view(-1, head_dim).index_copy_(0, write_index, codes)
+    scales.view(-1).index_copy_(0, write_index, row_scales.to(scales.dtype))
+
+
+def _gather_quantized(
+    cache: torch.Tensor, scales: torch.Tensor, gather_index: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """`_gather` of an int8 cache, dequantized to `dtype`."""
+    num_kv_heads, block_size, head_dim = cache.shape[1:]
+    codes = cache.view(-1, block_size, head_dim).index_select(0, gather_index)
+    row_scales = scales.view(-1, block_size).index_select(0, gather_index)
+    return dequantize_kv(codes, row_scales, dtype).view(num_kv_heads, -1, head_dim)
+
+
 def _decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     metadata: AttentionMetadata,
     scale: float,
+    kv_scales: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:
     num_decodes, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[1:3]
@@ -224,8 +261,16 @@ def _decode_attention(
     torch.index_select(k_cache.view(flat_shape), 0, index, out=metadata.decode_keys)
     torch.index_select(v_cache.view(flat_shape), 0, index, out=metadata.decode_values)
     context_len = metadata.max_decode_context_len
-    keys = metadata.decode_keys.view(num_decodes, num_kv_heads, -1, head_dim)[:, :, :context_len]
-    values = metadata.decode_values.view(num_decodes, num_kv_heads, -1, head_dim)
+    keys, values = metadata.decode_keys, metadata.decode_values
+    if kv_scales:
+        keys = dequantize_kv(
+            keys, kv_scales[0].view(-1, block_size).index_select(0, index), q.dtype
+        )
+        values = dequantize_kv(
+            values, kv_scales[1].view(-1, block_size).index_select(0, index), q.dtype
+        )
+    keys = keys.view(num_decodes, num_kv_heads, -1, head_dim)[:, :, :context_len]
+    values = values.view(num_decodes, num_kv_heads, -1, head_dim)
     # NOTE: the query heads sharing one KV head become the "query length" axis of that KV head,
     # so grouped-query attention needs no repeated keys/values: [seqs, kv_heads, group, dim].
     # (4x faster here than SDPA's enable_gqa with one query token.)

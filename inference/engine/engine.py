@@ -21,6 +21,8 @@ import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SequenceOf
 
+import torch
+
 from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.detokenizer import IncrementalDetokenizer, fast_decoder
 from inference.engine.engine_core import EngineCore, OutputCallback, Request
@@ -55,15 +57,30 @@ class Engine:
         self, config: EngineConfig, *, runner: ModelRunner | None = None, tokenizer=None
     ) -> None:
         self.config = config
-        if runner is None:
-            runner = ModelRunner(
-                config.model_dir,
-                dtype=config.dtype,
-                kv_cache_bytes=config.kv_cache_bytes,
-                block_size=config.block_size,
-                max_model_len=config.max_model_len,
-                device=config.device,
-            )
+        self._cond = threading.Condition()
+        self._is_closed = False
+        # NOTE: the engine thread loads the weights itself (see `_thread_main`); __init__ waits
+        # for it and then builds the core, which the thread runs once `_core_ready` is set.
+        self._runner_loaded = threading.Event()
+        self._core_ready = threading.Event()
+        self._load_error: BaseException | None = None
+        self._runner: ModelRunner | None = runner
+        self._thread = threading.Thread(target=self._thread_main, name="cachet-engine", daemon=True)
+        self._thread.start()
+        self._runner_loaded.wait()
+        if self._load_error is not None:
+            self._thread.join()
+            raise self._load_error
+        try:
+            self._build_core(config, self._runner, tokenizer)
+        except BaseException:
+            self._is_closed = True
+            self._core_ready.set()
+            self._thread.join()
+            raise
+        self._core_ready.set()
+
+    def _build_core(self, config: EngineConfig, runner: ModelRunner, tokenizer) -> None:
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -90,15 +107,11 @@ class Engine:
             on_request_done=self._forget_request_id,
         )
         self.metrics = self.core.metrics
-        self._cond = threading.Condition()
         self._commands: list[tuple[str, object]] = []
         self._live_request_ids: set[str] = set()
-        self._is_closed = False
         # NOTE: HF fast tokenizers fail ("Already borrowed") when two threads encode at once;
         # whoever uses `tokenizer` outside the engine holds this lock.
         self.tokenizer_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run_loop, name="cachet-engine", daemon=True)
-        self._thread.start()
         logger.info(
             "engine ready: %d KV blocks x %d tokens, max_model_len %d, prefix caching %s",
             num_blocks, config.block_size, self.max_model_len, config.enable_prefix_caching,
@@ -273,6 +286,40 @@ class Engine:
                 self.abort(request.seq.request_id)
 
     # ---- engine thread ----
+
+    def _thread_main(self) -> None:
+        """Load the weights (unless given), wait for the core, then run the loop.
+
+        NOTE: all of the engine's torch work happens on this one thread, model loading included.
+        libgomp keeps one OpenMP team per thread that ran a parallel region; once a process has
+        more pooled OpenMP threads than cores, libgomp throttles their spin-wait and every
+        parallel region pays a futex wake-up (measured on 2 cores: ~420 context switches and
+        20 -> 28 ms per decode step when the weights were loaded on another thread).
+        """
+        config = self.config
+        try:
+            if config.num_threads:
+                torch.set_num_threads(config.num_threads)
+            if self._runner is None:
+                self._runner = ModelRunner(
+                    config.model_dir,
+                    dtype=config.dtype,
+                    kv_cache_bytes=config.kv_cache_bytes,
+                    block_size=config.block_size,
+                    max_model_len=config.max_model_len,
+                    device=config.device,
+                    quantization=config.quantization,
+                    quantization_group_size=config.quantization_group_size,
+                    kv_cache_dtype=config.kv_cache_dtype,
+                )
+        except BaseException as error:
+            self._load_error = error
+            return
+        finally:
+            self._runner_loaded.set()
+        self._core_ready.wait()
+        if not self._is_closed:
+            self._run_loop()
 
     def _run_loop(self) -> None:
         while True:

@@ -4,10 +4,22 @@ Nothing here is thread-safe, on purpose: only the engine thread calls it (the `E
 queues other threads' commands). `step()` is schedule -> run -> postprocess; postprocessing
 appends each sampled token, detokenizes it, checks the stop conditions and hands a `Delta` (and
 at the end a `Usage`) to the request's output callback.
+
+Speculative decoding (`num_speculative_tokens` > 0): before scheduling, each decoding sequence
+gets n-gram drafts (`NgramProposer`) while at most `speculative_max_num_seqs` sequences decode.
+The model runs the last token plus the drafts in one pass and returns logits for every one of
+those positions; the sampler picks a token at each (its picks are a fixed function of the logits,
+the seed and the position, see sampler.py). Drafts are accepted while they equal the picks; the
+pick at the first mismatch (or after the last draft) is the step's extra token. The output is
+therefore token for token what one-token-per-step decoding gives, for greedy and sampled requests
+alike. Accepted tokens go through the stop checks one by one, so nothing past a stop is emitted.
+Presence/frequency penalties stay exact: the row of draft j is penalised as if drafts 0..j-1
+had been generated, which is the only case in which its pick is used.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -24,6 +36,7 @@ from inference.engine.outputs import Delta, RequestFailedError, Usage
 from inference.engine.sampler import Sampler
 from inference.engine.scheduler import Scheduler, SchedulerOutput
 from inference.engine.sequence import FinishReason, Sequence
+from inference.engine.speculative import NgramProposer
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +76,14 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
         self.sampler = Sampler()
+        self.proposer = None
+        if config.num_speculative_tokens:
+            self.proposer = NgramProposer(
+                config.num_speculative_tokens,
+                min_n=config.speculative_ngram_min,
+                max_n=config.speculative_ngram_max,
+            )
+        self.speculative_max_num_seqs = config.speculative_max_num_seqs
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
         self._last_output: SchedulerOutput | None = None
@@ -90,13 +111,15 @@ class EngineCore:
 
     def step(self) -> bool:
         """One iteration: schedule, run the model, sample, deliver. False if nothing could run."""
+        if self.proposer is not None:
+            self._propose_drafts()
         output = self._last_output = self.scheduler.schedule()
-        token_ids: list[int] = []
+        num_generated = 0
         if not output.is_empty:
             sampled_seqs, token_ids = self._execute(output)
-            self._postprocess(output, sampled_seqs, token_ids)
+            num_generated = self._postprocess(output, sampled_seqs, token_ids)
         self._last_output = None
-        self.record_metrics(output, num_generated=len(token_ids))
+        self.record_metrics(output, num_generated=num_generated)
         return not output.is_empty or output.num_preempted > 0
 
     def fail_step(self, error: Exception) -> None:
@@ -130,34 +153,83 @@ class EngineCore:
             num_generated=num_generated,
         )
 
-    def _execute(self, output: SchedulerOutput) -> tuple[list[Sequence], list[int]]:
+    def _propose_drafts(self) -> None:
+        """Give each decoding sequence its drafts for this step (none when the batch is big)."""
+        running = self.scheduler.running
+        decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1]
+        for seq in running:
+            seq.draft_token_ids = []
+        if len(decodes) > self.speculative_max_num_seqs:
+            return
+        for seq in decodes:
+            # NOTE: the step samples one token anyway; drafts beyond the request's remaining
+            # tokens could never be used.
+            num_left = self.max_model_len - seq.num_tokens
+            if seq.params.max_tokens is not None:
+                num_left = min(num_left, seq.params.max_tokens - seq.num_completion_tokens)
+            seq.draft_token_ids = self.proposer.propose(seq.token_ids, num_left - 1)
+
+    def _execute(self, output: SchedulerOutput) -> tuple[list[Sequence], list[list[int]]]:
+        """Run the step; return the sequences that sample and the tokens picked for each.
+
+        A sequence with drafts gets a pick per draft position plus one (see the module notes).
+        """
         entries, sample_rows = [], []
         for row, (seq, num_tokens) in enumerate(
             zip(output.seqs, output.num_scheduled_tokens, strict=True)
         ):
             start = seq.num_computed_tokens
-            entries.append(
-                BatchEntry(seq.token_ids[start : start + num_tokens], start, seq.block_table)
-            )
-            if start + num_tokens == seq.num_tokens:
+            num_known = num_tokens - len(seq.draft_token_ids)
+            token_ids = seq.token_ids[start : start + num_known]
+            if seq.draft_token_ids:
+                token_ids += seq.draft_token_ids
+            num_logits = 1 + len(seq.draft_token_ids)
+            entries.append(BatchEntry(token_ids, start, seq.block_table, num_logits))
+            if start + num_known == seq.num_tokens:
                 sample_rows.append(row)
         logits = self.runner.execute(entries)
         if not sample_rows:
             return [], []
+        num_logits = [entries[row].num_logits for row in sample_rows]
         if len(sample_rows) < len(entries):
-            logits = logits[torch.tensor(sample_rows)]
+            first_logit = list(itertools.accumulate((e.num_logits for e in entries), initial=0))
+            rows = [r for row in sample_rows for r in range(first_logit[row], first_logit[row + 1])]
+            logits = logits[torch.tensor(rows)]
         sampled_seqs = [output.seqs[row] for row in sample_rows]
-        return sampled_seqs, self.sampler(logits, sampled_seqs)
+        if len(logits) == len(sampled_seqs):
+            return sampled_seqs, [[token] for token in self.sampler(logits, sampled_seqs)]
+        picks = iter(self.sampler(logits, sampled_seqs, num_logits))
+        return sampled_seqs, [list(itertools.islice(picks, n)) for n in num_logits]
 
     def _postprocess(
-        self, output: SchedulerOutput, sampled_seqs: list[Sequence], token_ids: list[int]
-    ) -> None:
+        self, output: SchedulerOutput, sampled_seqs: list[Sequence], picks: list[list[int]]
+    ) -> int:
+        """Append each sequence's accepted tokens; return how many tokens were appended."""
         now = time.monotonic()
         self.scheduler.update_from_output(output)
-        for seq, token_id in zip(sampled_seqs, token_ids, strict=True):
-            self._process_token(self.requests[seq.request_id], token_id, now)
+        num_appended = num_verified = num_drafted = num_accepted_total = 0
+        for seq, token_ids in zip(sampled_seqs, picks, strict=True):
+            drafts, seq.draft_token_ids = seq.draft_token_ids, []
+            num_accepted = 0
+            while num_accepted < len(drafts) and drafts[num_accepted] == token_ids[num_accepted]:
+                num_accepted += 1
+            if drafts:
+                num_verified += 1
+                num_drafted += len(drafts)
+                num_accepted_total += num_accepted
+            request = self.requests[seq.request_id]
+            for token_id in token_ids[: num_accepted + 1]:
+                num_appended += 1
+                if self._process_token(request, token_id, now):
+                    break  # a stop condition (or an abort): nothing after it counts
+            else:
+                self.scheduler.accept_draft_tokens(seq, num_accepted)
+        if num_verified:
+            self.metrics.record_speculation(num_verified, num_drafted, num_accepted_total)
+        return num_appended
 
-    def _process_token(self, request: Request, token_id: int, now: float) -> None:
+    def _process_token(self, request: Request, token_id: int, now: float) -> bool:
+        """Append one token, deliver its text; True when the request has finished."""
         seq, params, detokenizer = request.seq, request.seq.params, request.detokenizer
         previous_token_time = seq.last_token_time
         seq.append_token(token_id, now)
@@ -185,10 +257,11 @@ class EngineCore:
                 text += detokenizer.flush()
         if finish_reason is None:
             self._deliver(request, Delta(seq.request_id, text, (token_id,)))
-            return
+            return seq.is_finished  # its consumer may have failed and aborted it
         self.scheduler.finish(seq, finish_reason)
         self._deliver(request, Delta(seq.request_id, text, (token_id,), finish_reason.value))
         self._complete(request, finish_reason.value)
+        return True
 
     def _complete(
         self, request: Request, finish_reason: str, error: BaseException | None = None

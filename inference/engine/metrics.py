@@ -42,6 +42,19 @@ class EngineMetrics:
         self.requests = Counter(
             f"{PREFIX}_requests", "Finished requests", ["finish_reason"], registry=r
         )
+        self.spec_verifications = Counter(
+            f"{PREFIX}_spec_decode_verifications",
+            "Sequence steps that verified speculative draft tokens",
+            registry=r,
+        )
+        self.spec_draft_tokens = Counter(
+            f"{PREFIX}_spec_decode_draft_tokens", "Speculative draft tokens verified", registry=r
+        )
+        self.spec_accepted_tokens = Counter(
+            f"{PREFIX}_spec_decode_accepted_tokens",
+            "Speculative draft tokens accepted (equal to the sampled token)",
+            registry=r,
+        )
         self.ttft = Histogram(
             f"{PREFIX}_time_to_first_token_seconds", "TTFT", buckets=TTFT_BUCKETS, registry=r
         )
@@ -84,6 +97,12 @@ class EngineMetrics:
     def record_inter_token_latency(self, seconds: float) -> None:
         self.itl.observe(seconds)
 
+    def record_speculation(self, num_verified: int, num_drafted: int, num_accepted: int) -> None:
+        """One step's speculative verification: sequences, draft tokens, accepted drafts."""
+        self.spec_verifications.inc(num_verified)
+        self.spec_draft_tokens.inc(num_drafted)
+        self.spec_accepted_tokens.inc(num_accepted)
+
     def record_finished(self, finish_reason: str) -> None:
         self._requests_by_reason[finish_reason].inc()
 
@@ -98,6 +117,9 @@ class EngineMetrics:
             reason: int(value(f"{PREFIX}_requests_total", {"finish_reason": reason}) or 0)
             for reason in FINISH_REASONS
         }
+        verifications = value(f"{PREFIX}_spec_decode_verifications_total") or 0.0
+        draft_tokens = value(f"{PREFIX}_spec_decode_draft_tokens_total") or 0.0
+        accepted_tokens = value(f"{PREFIX}_spec_decode_accepted_tokens_total") or 0.0
         return {
             "num_running": int(value(f"{PREFIX}_requests_running") or 0),
             "num_waiting": int(value(f"{PREFIX}_requests_waiting") or 0),
@@ -112,6 +134,13 @@ class EngineMetrics:
             "num_requests_by_finish_reason": finished,
             "ttft_mean_s": _mean(value(f"{PREFIX}_time_to_first_token_seconds_sum"), ttft_count),
             "itl_mean_s": _mean(value(f"{PREFIX}_inter_token_latency_seconds_sum"), itl_count),
+            "spec_draft_tokens": int(draft_tokens),
+            "spec_accepted_tokens": int(accepted_tokens),
+            "spec_acceptance_rate": _mean(accepted_tokens, draft_tokens),
+            # tokens a verifying sequence gains per step: its accepted drafts plus the sampled one
+            "spec_tokens_per_verification": (
+                1.0 + accepted_tokens / verifications if verifications else 0.0
+            ),
         }
 
     def _recent_tokens_per_s(self) -> float:

@@ -2,7 +2,8 @@
 
 The scheduler hands over a list of `BatchEntry`; the runner lays them out as one flat token batch
 (single-token entries first, which lets attention batch all decodes), builds the index tensors once
-for all layers, and returns the logits of each entry's last token in the order given.
+for all layers, and returns the logits of each entry's last token in the order given (of its last
+`num_logits` tokens for a speculative verification entry).
 """
 
 from __future__ import annotations
@@ -17,6 +18,11 @@ import torch
 from inference.engine.attention import build_attention_metadata
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.loader import load_model
+from inference.engine.quantization import (
+    DEFAULT_INT4_GROUP_SIZE,
+    model_weight_bytes,
+    quantize_model,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +38,8 @@ class BatchEntry:
     block_table: list[
         int
     ]  # physical block ids covering >= num_computed_tokens + len(token_ids) tokens
+    # logits are returned for the last num_logits tokens (> 1: verifying speculative drafts)
+    num_logits: int = 1
 
 
 class ModelRunner:
@@ -44,9 +52,14 @@ class ModelRunner:
         block_size: int,
         max_model_len: int,
         device: str = "cpu",
+        quantization: str = "none",
+        quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE,
+        kv_cache_dtype: str = "auto",
     ) -> None:
         loaded = load_model(model_dir, dtype=dtype, device=device)
-        self.model = loaded.model
+        self.model = quantize_model(loaded.model, quantization, quantization_group_size)
+        self.quantization = quantization
+        self.weight_bytes = model_weight_bytes(self.model)
         self.hf_config = loaded.hf_config
         args = self.model.args
         self.device = torch.device(device)
@@ -60,6 +73,7 @@ class ModelRunner:
             head_dim=args.head_dim,
             block_size=block_size,
             dtype=dtype,
+            cache_dtype=kv_cache_dtype,
         )
         self.kv_cache = allocate_kv_cache(
             spec, budget_bytes=kv_cache_bytes, max_model_len=self.max_model_len, device=device
@@ -67,7 +81,7 @@ class ModelRunner:
         self.num_kv_blocks = self.kv_cache.num_blocks
 
     def execute(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """float32 logits [len(entries), vocab_size] of the last token of each entry."""
+        """float32 logits [sum of num_logits, vocab_size]: each entry's last token(s), in order."""
         if not entries:
             raise ValueError("execute() needs at least one entry")
         self._check(entries)
@@ -93,11 +107,15 @@ class ModelRunner:
                 device=self.device,
             )
             hidden = self.model(input_ids, metadata.positions, metadata, self.kv_cache.layers)
-            if len(input_ids) != len(ordered):
+            has_multi_logits = any(e.num_logits > 1 for e in entries)
+            if has_multi_logits:
+                rows = _logit_token_indices(entries, order)
+                hidden = hidden[torch.tensor(rows, device=self.device)]
+            elif len(input_ids) != len(ordered):
                 last_token = torch.tensor(query_lens, device=self.device).cumsum(0) - 1
                 hidden = hidden[last_token]
             logits = self.model.compute_logits(hidden).float()
-            if is_reordered:
+            if is_reordered and not has_multi_logits:
                 logits = logits[torch.tensor(order).argsort().to(self.device)]
         return logits
 
@@ -108,6 +126,10 @@ class ModelRunner:
             num_tokens = entry.num_computed_tokens + len(entry.token_ids)
             if not entry.token_ids:
                 raise ValueError("a batch entry has no tokens to run")
+            if not 1 <= entry.num_logits <= len(entry.token_ids):
+                raise ValueError(
+                    f"num_logits must be in [1, {len(entry.token_ids)}], got {entry.num_logits}"
+                )
             if entry.num_computed_tokens < 0:
                 raise ValueError(
                     f"num_computed_tokens must be >= 0, got {entry.num_computed_tokens}"
@@ -123,3 +145,17 @@ class ModelRunner:
                 )
             if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
+
+
+def _logit_token_indices(entries: list[BatchEntry], order: list[int]) -> list[int]:
+    """Indices in the flat batch (laid out in `order`) of the tokens each entry wants logits of."""
+    starts = [0] * len(entries)
+    offset = 0
+    for index in order:
+        starts[index] = offset
+        offset += len(entries[index].token_ids)
+    return [
+        starts[i] + len(entry.token_ids) - entry.num_logits + j
+        for i, entry in enumerate(entries)
+        for j in range(entry.num_logits)
+    ]

@@ -9,6 +9,14 @@ When the KV cache runs out of blocks, the newest running sequence is preempted b
 blocks are freed and it goes back to the front of the waiting queue keeping every token it has
 generated; when readmitted it prefills prompt + generated tokens again (mostly from the prefix
 cache, since its freed blocks keep their hashes). Callers never see an error for it.
+
+Speculative decoding: a decoding sequence may carry draft tokens (`seq.draft_token_ids`, set by
+the engine before `schedule()`). It is then scheduled for 1 + drafts tokens, which take budget
+and KV slots like any others; drafts are trimmed so that every later decode keeps its token of
+budget, and dropped before anyone is preempted for their blocks. After the step only the verified
+part counts as computed (`update_from_output`, then `accept_draft_tokens` for the drafts the
+sampler agreed with): blocks holding rejected drafts stay allocated to the sequence, are written
+over by its next tokens, and are never hashed into the prefix cache before their tokens are final.
 """
 
 from __future__ import annotations
@@ -70,14 +78,24 @@ class Scheduler:
         num_preempted = 0
         # NOTE: decodes first so a long prefill chunk can never starve them of budget.
         order = [s for s in self.running if s.num_uncomputed_tokens == 1]
+        num_decodes = len(order)
         order += [s for s in self.running if s.num_uncomputed_tokens > 1]
-        for seq in order:
+        for index, seq in enumerate(order):
             if budget == 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            if seq.draft_token_ids:
+                # NOTE: drafts only take budget that the decodes after this one do not need.
+                num_room = budget - 1 - max(0, num_decodes - index - 1)
+                del seq.draft_token_ids[max(0, num_room) :]
+            num_new = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             while self.block_manager.allocate_slots(seq, num_new) is None:
+                if seq.draft_token_ids:
+                    # NOTE: guesses are not worth preempting anyone for; retry without them.
+                    num_new -= len(seq.draft_token_ids)
+                    seq.draft_token_ids.clear()
+                    continue
                 victim = max(self.running, key=_arrival)
                 budget += scheduled.pop(victim, 0)
                 self._preempt(victim)
@@ -116,17 +134,29 @@ class Scheduler:
     def update_from_output(self, output: SchedulerOutput) -> list[Sequence]:
         """Advance KV progress after the model ran; return sequences that now need a new token.
 
-        A sequence whose prefill is only partly done (a chunk) does not sample this step.
+        A sequence whose prefill is only partly done (a chunk) does not sample this step. Draft
+        tokens do not count as computed here: see `accept_draft_tokens`.
         """
         needs_token = []
         for seq, num_tokens in zip(output.seqs, output.num_scheduled_tokens, strict=True):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens += num_tokens
+            seq.num_computed_tokens += num_tokens - len(seq.draft_token_ids)
             self.block_manager.cache_full_blocks(seq)
             if seq.num_computed_tokens == seq.num_tokens:
                 needs_token.append(seq)
         return needs_token
+
+    def accept_draft_tokens(self, seq: Sequence, num_accepted: int) -> None:
+        """The first `num_accepted` drafts were verified and appended to `seq.token_ids`.
+
+        Their keys/values were written by the verification pass, so they count as computed now,
+        and blocks they complete enter the prefix cache (only now are their tokens known).
+        """
+        if seq.status is not SequenceStatus.RUNNING or not num_accepted:
+            return
+        seq.num_computed_tokens += num_accepted
+        self.block_manager.cache_full_blocks(seq)
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
         """Remove `seq` from the queues and free its blocks at once (also used for abort)."""
@@ -152,6 +182,7 @@ class Scheduler:
         self.running.remove(seq)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.draft_token_ids.clear()
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         # NOTE: back in arrival order (usually the front), so the oldest request always moves

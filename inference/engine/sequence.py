@@ -7,8 +7,6 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-import torch
-
 from inference.engine.sampling_params import SamplingParams
 
 _arrival_counter = itertools.count()
@@ -58,14 +56,14 @@ class Sequence:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finish_time: float | None = None
-    generator: torch.Generator | None = None
+    # NOTE: speculative tokens proposed for the next step; not part of token_ids until the model
+    # has verified them (the scheduler may trim them to fit its budget and blocks).
+    draft_token_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
         if not self.num_prompt_tokens:
             self.num_prompt_tokens = len(self.token_ids)
-        if self.params.seed is not None and self.generator is None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
 
     @property
     def num_tokens(self) -> int:

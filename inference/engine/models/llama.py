@@ -199,7 +199,7 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, ...],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
@@ -210,7 +210,9 @@ class Attention(nn.Module):
         q = qk[:, : self.num_heads]
         k = qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], metadata, scale=self.scale)
+        out = paged_attention(
+            q, k, v, kv_cache[0], kv_cache[1], metadata, scale=self.scale, kv_scales=kv_cache[2:]
+        )
         return self.o_proj(out.view(num_tokens, self.q_size))
 
 
@@ -241,7 +243,7 @@ class DecoderLayer(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        kv_cache: tuple[torch.Tensor, ...],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata)
@@ -272,7 +274,7 @@ class LlamaForCausalLM(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         metadata: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[tuple[torch.Tensor, ...]],
     ) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] after the final norm, for a flat token batch."""
         x = self.embed_tokens(input_ids)
@@ -282,5 +284,8 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        if self.lm_head is None:
+            return F.linear(hidden, self.embed_tokens.weight)
+        # NOTE: a module call, not its .weight: quantization swaps in its own linear here (for
+        # tied models, the quantized embedding table; see quantization.py).
+        return self.lm_head(hidden)

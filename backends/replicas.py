@@ -1,0 +1,100 @@
+"""Replica selection with failover: which backend of a model's pool takes a request.
+
+The enabled backends serving one model are its replicas. Healthy (or not yet checked) replicas
+come first, in a random order weighted by `weight` (a replica of weight 3 comes first three times
+as often as one of weight 1); replicas marked down follow once CACHET_BACKEND_RETRY_S have
+passed since they failed (the request itself is their re-check), and are skipped before that.
+`open_stream` tries them in that order until one accepts the request: a replica that cannot take
+it is marked down and the next one is tried, so a stopped server costs one failed connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.utils import timezone
+
+from backends import metrics
+from backends.client import BackendUnavailable, RemoteStream, chat_payload
+from backends.health import amark_down, amark_up
+from backends.models import InferenceBackend
+from inference.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class NoReplicaAvailable(RuntimeError):
+    """Every replica of the model failed or is marked down."""
+
+
+def weighted_order(
+    replicas: Sequence[InferenceBackend], rng: random.Random | None = None
+) -> list[InferenceBackend]:
+    """`replicas` in a random order where each comes first with a chance in proportion to weight.
+
+    NOTE: Efraimidis-Spirakis sampling: sorting by u ** (1 / weight) draws without replacement
+    by weight, so the second choice is also weighted among the rest.
+    """
+    rng = rng or random
+    return sorted(replicas, key=lambda b: rng.random() ** (1.0 / max(b.weight, 1)), reverse=True)
+
+
+def order_replicas(
+    replicas: Sequence[InferenceBackend], *, now=None, rng: random.Random | None = None
+) -> list[InferenceBackend]:
+    """The order to try `replicas` in (see the module doc); replicas resting after a failure are
+    left out."""
+    now = now or timezone.now()
+    usable = [b for b in replicas if b.health != InferenceBackend.Health.DOWN]
+    retry = [
+        b for b in replicas if b.health == InferenceBackend.Health.DOWN and b.is_due_for_retry(now)
+    ]
+    retry.sort(key=lambda b: b.health_checked_at or now)  # the longest rested first
+    return weighted_order(usable, rng) + retry
+
+
+def replicas_of(model: str) -> list[InferenceBackend]:
+    return list(InferenceBackend.objects.filter(model=model, is_enabled=True))
+
+
+def remote_models() -> list[str]:
+    """The models of the enabled backends, by name."""
+    names = InferenceBackend.objects.filter(is_enabled=True).values_list("model", flat=True)
+    return sorted(set(names))
+
+
+@database_sync_to_async
+def _replicas_to_try(model: str) -> list[InferenceBackend]:
+    return order_replicas(replicas_of(model))
+
+
+async def open_stream(
+    model: str, messages: list[dict], params: SamplingParams, request_id: str
+) -> RemoteStream:
+    """An opened stream of `model` on the first replica that accepts the request.
+
+    Raises `NoReplicaAvailable` when none does, `RemoteRequestError` when one refuses the request
+    itself (another would refuse it too).
+    """
+    payload = chat_payload(model, messages, params)
+    failures: list[str] = []
+    for backend in await _replicas_to_try(model):
+        stream = RemoteStream(
+            backend, payload, request_id, timeout_s=settings.CACHET_BACKEND_TIMEOUT_S
+        )
+        try:
+            await stream.open()
+        except BackendUnavailable as error:
+            logger.warning("backend %s could not take %s: %s", backend.name, request_id, error)
+            metrics.record_failover(backend.name)
+            failures.append(f"{backend.name}: {error}")
+            await amark_down(backend, str(error))
+            continue
+        await amark_up(backend)
+        return stream
+    reason = "; ".join(failures) or "no replica is enabled, or all are resting after a failure"
+    raise NoReplicaAvailable(f"no backend of model {model!r} could take the request ({reason})")
