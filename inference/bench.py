@@ -52,20 +52,20 @@ SMOKE = Workload(system_tokens=48, user_tokens=16, output_tokens=4, concurrency=
 
 
 @dataclass(slots=True)
-class PeakRss:
-    """Samples this process's resident memory in a thread while a phase runs."""
+class PeakSampler:
+    """Samples `read()` in a thread while a phase runs and keeps the largest value."""
 
-    peak_bytes: int = 0
+    read: Callable[[], float]
+    interval_s: float = 0.05
+    peak: float = 0.0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def __enter__(self) -> PeakRss:
-        process = psutil.Process()
-
+    def __enter__(self) -> PeakSampler:
         def sample() -> None:
             while not self._stop.is_set():
-                self.peak_bytes = max(self.peak_bytes, process.memory_info().rss)
-                self._stop.wait(0.05)
+                self.peak = max(self.peak, self.read())
+                self._stop.wait(self.interval_s)
 
         self._thread = threading.Thread(target=sample, daemon=True)
         self._thread.start()
@@ -76,9 +76,15 @@ class PeakRss:
         if self._thread is not None:
             self._thread.join()
 
-    @property
-    def mb(self) -> float:
-        return round(self.peak_bytes / 2**20, 1)
+
+def peak_rss() -> PeakSampler:
+    """This process's peak resident memory in bytes, as `.peak`."""
+    process = psutil.Process()
+    return PeakSampler(lambda: process.memory_info().rss)
+
+
+def mb(num_bytes: float) -> float:
+    return round(num_bytes / 2**20, 1)
 
 
 def text_of_tokens(tokenizer, num_tokens: int, seed: int) -> str:
@@ -120,7 +126,7 @@ def bench_hf(
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
-    with PeakRss() as rss:
+    with peak_rss() as rss:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         tokenizer.padding_side = "left"
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -160,7 +166,7 @@ def bench_hf(
         "warm_ttft_s": round(warm_ttft, 4),
         "decode_tok_s": round(decode_tok_s, 2),
         "throughput_tok_s": throughput,
-        "peak_rss_mb": rss.mb,
+        "peak_rss_mb": mb(rss.peak),
     }
 
 
@@ -171,7 +177,7 @@ def bench_engine(
     from inference.engine.engine import Engine
     from inference.engine.sampling_params import SamplingParams
 
-    with PeakRss() as rss:
+    with peak_rss() as rss:
         max_concurrency = max(workload.concurrency)
         config = EngineConfig(
             model_dir=model_dir,
@@ -207,7 +213,7 @@ def bench_engine(
         "warm_cached_tokens": warm.usage.cached_tokens,
         "decode_tok_s": round(single.usage.tokens_per_s, 2),
         "throughput_tok_s": throughput,
-        "peak_rss_mb": rss.mb,
+        "peak_rss_mb": mb(rss.peak),
     }
 
 

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import logging
 import statistics
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -72,31 +71,6 @@ SMOKE_TABLE = TableWorkload(
 )  # fmt: skip
 
 
-@dataclass(slots=True)
-class PeakKvUsage:
-    """Samples an engine's KV usage in a thread while a phase runs."""
-
-    engine: object
-    peak: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> PeakKvUsage:
-        def sample() -> None:
-            while not self._stop.is_set():
-                self.peak = max(self.peak, self.engine.metrics.snapshot()["kv_usage"])
-                self._stop.wait(0.02)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
 def tensor_bytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if isinstance(t, torch.Tensor))
 
@@ -121,6 +95,7 @@ def engine_config(model_dir: Path, workload: TableWorkload, settings: dict, kv_c
 def measure_row(
     model_dir: Path, row: TableRow, workload: TableWorkload, prompts: dict, kv_cache_mb: int
 ) -> dict:
+    from inference.bench import PeakSampler
     from inference.engine.engine import Engine
     from inference.engine.quantization import model_weight_bytes
     from inference.engine.sampling_params import SamplingParams
@@ -130,7 +105,7 @@ def measure_row(
     try:
         engine.generate([prompts["warmup"]], params)
         singles = [engine.generate([p], params)[0].usage for p in prompts["single"]]
-        with PeakKvUsage(engine) as kv_usage:
+        with PeakSampler(lambda: engine.metrics.snapshot()["kv_usage"], 0.02) as kv_usage:
             started = time.perf_counter()
             results = engine.generate(prompts["concurrent"], params)
             seconds = time.perf_counter() - started

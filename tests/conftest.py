@@ -21,6 +21,14 @@ def chat_model_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def real_tokenizer(chat_model_dir):
+    """The bundled chat model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(chat_model_dir))
+
+
+@pytest.fixture(scope="session")
 def embedding_model_dir() -> Path:
     from inference.model_files import resolve_embedding_model
 

@@ -157,6 +157,26 @@ def test_hostile_uploads_are_accepted_then_end_failed_with_a_reason(
     assert status["status"] == "failed" and reason in status["error"], status
 
 
+@pytest.mark.django_db(transaction=True)  # the upload's commit runs the in-process task
+def test_an_internal_ingestion_failure_still_answers_201_and_marks_the_document_failed(
+    retriever, monkeypatch
+):
+    # NOTE: fault injection: the embedding step breaks (as on a full disk or a corrupt model);
+    # with tasks in-process the error surfaces inside the upload request.
+    def broken_encode(texts):
+        raise RuntimeError("embedding model unavailable")
+
+    monkeypatch.setattr(retriever.embedder, "encode", broken_encode)
+    staff = client_for(User.objects.create_user("staff", is_staff=True))
+    hr = Collection.objects.create(name="HR")
+    upload = SimpleUploadedFile("notes.md", b"# Notes\n\nKitchen cleaned on Fridays.")
+    response = staff.post("/v1/documents", {"file": upload, "collection": hr.pk})
+    assert response.status_code == 201, response.content
+    status = staff.get(f"/v1/documents/{response.json()['id']}").json()
+    assert status["status"] == "failed", status
+    assert "embedding model unavailable" in status["error"], status
+
+
 def test_an_empty_upload_is_refused_with_400(staff, hr, settings, tmp_path):
     settings.MEDIA_ROOT = tmp_path
     empty = SimpleUploadedFile("empty.pdf", b"")

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from inference.engine.config import EngineConfig
 from inference.engine.engine import Engine
@@ -19,6 +18,7 @@ from tests.engine_fakes import (
     ScriptedRunner,
     reference_completion,
 )
+from tests.real_engine import SmallCache, float32_runner
 
 # ---- the proposer ----
 
@@ -216,33 +216,7 @@ OTHER_QUESTIONS = ["What is the capital of France?", "Write a haiku about the se
 
 @pytest.fixture(scope="module")
 def real_runner(chat_model_dir):
-    from inference.engine.model_runner import ModelRunner
-
-    return ModelRunner(
-        chat_model_dir,
-        dtype=torch.float32,
-        kv_cache_bytes=64 * 2**20,
-        block_size=16,
-        max_model_len=REAL_MAX_MODEL_LEN,
-    )
-
-
-@pytest.fixture(scope="module")
-def real_tokenizer(chat_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(chat_model_dir))
-
-
-class SmallCache:
-    """The real runner, but the engine may only use its first `num_kv_blocks` blocks."""
-
-    def __init__(self, runner, num_kv_blocks: int):
-        self.runner = runner
-        self.num_kv_blocks = num_kv_blocks
-
-    def __getattr__(self, name):
-        return getattr(self.runner, name)
+    return float32_runner(chat_model_dir, kv_cache_mb=64, max_model_len=REAL_MAX_MODEL_LEN)
 
 
 @pytest.fixture
