@@ -331,6 +331,22 @@ class ChatSocket:
         mask = secrets.token_bytes(4)  # clients must mask every frame
         self.writer.write(bytes([0x80 | opcode]) + length + mask + _masked(payload, mask))
 
+    async def next_frame(self, deadline: float, timeout_s: float) -> dict:
+        """The next received frame; an `error` frame (code `timeout` or `closed`) when none
+        comes before the loop time `deadline` or the socket closes."""
+        loop = asyncio.get_running_loop()
+        try:
+            item = await asyncio.wait_for(self.frames.get(), max(deadline - loop.time(), 0))
+        except TimeoutError:
+            return {"type": "error", "code": "timeout", "message": f"no done in {timeout_s:g}s"}
+        if item is CLOSED:
+            return {
+                "type": "error",
+                "code": "closed",
+                "message": f"socket closed: {self.close_info}",
+            }
+        return item
+
     def send_json(self, frame: dict) -> None:
         self._send_frame(OP_TEXT, json.dumps(frame).encode())
 
@@ -416,14 +432,7 @@ class ChatClient:
         sent = time.perf_counter()
         sock.send_json(frame)
         while True:
-            try:
-                item = await asyncio.wait_for(sock.frames.get(), max(deadline - loop.time(), 0))
-            except TimeoutError:
-                result.error = {"code": "timeout", "message": f"no done in {self.turn_timeout_s}s"}
-                return
-            if item is CLOSED:
-                result.error = {"code": "closed", "message": f"socket closed: {sock.close_info}"}
-                return
+            item = await sock.next_frame(deadline, self.turn_timeout_s)
             kind = item.get("type")
             if kind == "token":
                 if result.ttft_s is None:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from frontend.bench import CLOSED, ChatSocket, run_cli
+from frontend.bench import ChatSocket, run_cli
 from frontend.live_server import LiveServer
 
 logger = logging.getLogger(__name__)
@@ -288,14 +288,7 @@ async def chat_exchange(sock: ChatSocket, frame: dict, timeout_s: float) -> Chat
     sock.send_json(frame)
     parts: list[str] = []
     while True:
-        try:
-            item = await asyncio.wait_for(sock.frames.get(), max(deadline - loop.time(), 0))
-        except TimeoutError:
-            reply.error = {"code": "timeout", "message": f"no done in {timeout_s:.0f}s"}
-            break
-        if item is CLOSED:
-            reply.error = {"code": "closed", "message": f"socket closed: {sock.close_info}"}
-            break
+        item = await sock.next_frame(deadline, timeout_s)
         kind = item.get("type")
         if kind == "token":
             parts.append(item["text"])
@@ -452,6 +445,25 @@ def common_of(args: argparse.Namespace) -> Common:
         startup_timeout_s=args.startup_timeout,
         seed=args.seed,
     )
+
+
+def suite_parser(name: str, doc: str) -> argparse.ArgumentParser:
+    """The command line of `python -m reliability.<name>`, with the options every suite takes."""
+    parser = argparse.ArgumentParser(
+        prog=f"python -m reliability.{name}", description=doc.splitlines()[0]
+    )
+    add_common_arguments(parser)
+    return parser
+
+
+def run_suite(
+    args: argparse.Namespace,
+    run: Callable[[object, Common], dict],
+    config: object,
+    summary: Callable[[dict], list[str]],
+) -> int:
+    """Run a suite from its parsed command line (see `main_of` for the exit status)."""
+    return main_of(lambda: run(config, common_of(args)), as_json=args.json, summary=summary)
 
 
 def main_of(run: Callable[[], dict], *, as_json: bool, summary: Callable[[dict], list[str]]) -> int:

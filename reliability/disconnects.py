@@ -22,7 +22,6 @@ server must still answer a normal API request and a normal chat turn, with `/hea
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import logging
@@ -39,20 +38,19 @@ from reliability.common import (
     MAX_DETAILS,
     SYSTEM_PROMPT,
     Common,
-    add_common_arguments,
     api_chat,
     api_client,
     chat_exchange,
     check,
-    common_of,
     config_report,
     engine_state,
     healthz,
-    main_of,
     open_chat,
     question,
+    run_suite,
     server_report,
     start_server,
+    suite_parser,
     wait_for_idle,
 )
 
@@ -438,10 +436,7 @@ def summary(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m reliability.disconnects", description=__doc__.splitlines()[0]
-    )
-    add_common_arguments(parser)
+    parser = suite_parser("disconnects", __doc__)
     parser.add_argument("--clients", type=int, default=100, help="clients (100)")
     parser.add_argument(
         "--api-share", type=float, default=0.5, help="share of API clients, the rest chat (0.5)"
@@ -459,9 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         spread_s=args.spread,
         idle_timeout_s=args.idle_timeout,
     )
-    return main_of(
-        lambda: run_disconnects(config, common_of(args)), as_json=args.json, summary=summary
-    )
+    return run_suite(args, run_disconnects, config, summary)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ or waiting, KV usage 0); `/healthz` ok.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import logging
@@ -35,17 +34,16 @@ from reliability.common import (
     MAX_DETAILS,
     ApiReply,
     Common,
-    add_common_arguments,
     api_chat,
     api_client,
     check,
-    common_of,
     config_report,
     engine_state,
     healthz,
-    main_of,
+    run_suite,
     server_report,
     start_server,
+    suite_parser,
     wait_for_idle,
 )
 
@@ -280,10 +278,7 @@ def summary(report: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m reliability.kv_pressure", description=__doc__.splitlines()[0]
-    )
-    add_common_arguments(parser)
+    parser = suite_parser("kv_pressure", __doc__)
     parser.add_argument("--requests", type=int, default=24, help="concurrent requests (24)")
     parser.add_argument("--prompt-words", type=int, default=150, help="words a prompt (150)")
     parser.add_argument("--max-tokens", type=int, default=128, help="tokens an answer (128)")
@@ -301,9 +296,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_mb=args.kv_cache_mb,
         dtype=args.dtype,
     )
-    return main_of(
-        lambda: run_pressure(pressure, common_of(args)), as_json=args.json, summary=summary
-    )
+    return run_suite(args, run_pressure, pressure, summary)
 
 
 if __name__ == "__main__":

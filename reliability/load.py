@@ -40,20 +40,19 @@ from reliability.common import (
     SYSTEM_PROMPT,
     ChatReply,
     Common,
-    add_common_arguments,
     api_chat,
     api_client,
     chat_exchange,
     check,
-    common_of,
     config_report,
     first_difference,
-    main_of,
     open_chat,
     question,
     rss_mb,
+    run_suite,
     server_report,
     start_server,
+    suite_parser,
     wait_for_idle,
 )
 
@@ -637,10 +636,7 @@ def parse_twins(value: str) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m reliability.load", description=__doc__.splitlines()[0]
-    )
-    add_common_arguments(parser)
+    parser = suite_parser("load", __doc__)
     parser.add_argument("--chats", type=int, default=64, help="WebSocket chat loops (64)")
     parser.add_argument("--api-clients", type=int, default=32, help="streaming API loops (32)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (3)")
@@ -674,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         kv_cache_mb=args.kv_cache_mb,
         max_num_seqs=args.max_num_seqs,
     )
-    return main_of(lambda: run_load(load, common_of(args)), as_json=args.json, summary=summary)
+    return run_suite(args, run_load, load, summary)
 
 
 if __name__ == "__main__":

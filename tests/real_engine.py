@@ -29,3 +29,34 @@ class SmallCache:
 
     def __getattr__(self, name):
         return getattr(self.runner, name)
+
+
+class RealEngines:
+    """Engines on one shared float32 runner (a fixture's factory); `shutdown` stops them all."""
+
+    def __init__(self, runner, tokenizer, model_dir: Path, max_model_len: int) -> None:
+        self.runner, self.tokenizer = runner, tokenizer
+        self.model_dir, self.max_model_len = model_dir, max_model_len
+        self.engines: list = []
+
+    def make(self, num_kv_blocks: int | None = None, **config):
+        from inference.engine.config import EngineConfig
+        from inference.engine.engine import Engine
+
+        runner = self.runner if num_kv_blocks is None else SmallCache(self.runner, num_kv_blocks)
+        settings = {"dtype": "float32", "max_model_len": self.max_model_len, "block_size": 16}
+        engine_config = EngineConfig(self.model_dir, **(settings | config))
+        self.engines.append(Engine(engine_config, runner=runner, tokenizer=self.tokenizer))
+        return self.engines[-1]
+
+    def shutdown(self) -> None:
+        for engine in self.engines:
+            engine.shutdown()
+
+
+def chat(tokenizer, question: str) -> list[int]:
+    """The token ids of a one-question chat, ready for the answer."""
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True
+    )
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -20,7 +20,7 @@ from inference.engine.outputs import (
 )
 from inference.engine.sampling_params import SamplingParams
 from tests.engine_fakes import FakeRunner, FakeTokenizer, ScriptedRunner, reference_completion
-from tests.real_engine import SmallCache, float32_runner
+from tests.real_engine import RealEngines, chat, float32_runner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 
@@ -337,24 +337,9 @@ def real_runner(chat_model_dir):
 
 @pytest.fixture
 def make_real_engine(real_runner, real_tokenizer, chat_model_dir):
-    engines = []
-
-    def make(num_kv_blocks: int | None = None, **config) -> Engine:
-        runner = real_runner if num_kv_blocks is None else SmallCache(real_runner, num_kv_blocks)
-        settings = {"dtype": "float32", "max_model_len": REAL_MAX_MODEL_LEN, "block_size": 16}
-        config = EngineConfig(chat_model_dir, **(settings | config))
-        engines.append(Engine(config, runner=runner, tokenizer=real_tokenizer))
-        return engines[-1]
-
-    yield make
-    for engine in engines:
-        engine.shutdown()
-
-
-def chat(tokenizer, question: str) -> list[int]:
-    messages = [{"role": "user", "content": question}]
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    engines = RealEngines(real_runner, real_tokenizer, chat_model_dir, REAL_MAX_MODEL_LEN)
+    yield engines.make
+    engines.shutdown()
 
 
 QUESTIONS = [

@@ -18,7 +18,7 @@ from tests.engine_fakes import (
     ScriptedRunner,
     reference_completion,
 )
-from tests.real_engine import SmallCache, float32_runner
+from tests.real_engine import RealEngines, chat, float32_runner
 
 # ---- the proposer ----
 
@@ -221,26 +221,13 @@ def real_runner(chat_model_dir):
 
 @pytest.fixture
 def make_real_engine(real_runner, real_tokenizer, chat_model_dir):
-    engines = []
+    engines = RealEngines(real_runner, real_tokenizer, chat_model_dir, REAL_MAX_MODEL_LEN)
 
-    def make(num_speculative_tokens: int, num_kv_blocks: int | None = None, **config) -> Engine:
-        runner = real_runner if num_kv_blocks is None else SmallCache(real_runner, num_kv_blocks)
-        settings = {"dtype": "float32", "max_model_len": REAL_MAX_MODEL_LEN, "block_size": 16}
-        settings["num_speculative_tokens"] = num_speculative_tokens
-        config = EngineConfig(chat_model_dir, **(settings | config))
-        engines.append(Engine(config, runner=runner, tokenizer=real_tokenizer))
-        return engines[-1]
+    def make(num_speculative_tokens: int, **config) -> Engine:
+        return engines.make(num_speculative_tokens=num_speculative_tokens, **config)
 
     yield make
-    for engine in engines:
-        engine.shutdown()
-
-
-def chat(tokenizer, question: str) -> list[int]:
-    ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], add_generation_prompt=True
-    )
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    engines.shutdown()
 
 
 def compare_with_and_without_speculation(make_real_engine, prompts, params):

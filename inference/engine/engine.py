@@ -64,7 +64,7 @@ class Engine:
         self._runner_loaded = threading.Event()
         self._core_ready = threading.Event()
         self._load_error: BaseException | None = None
-        self._runner: ModelRunner | None = runner
+        self.runner: ModelRunner | None = runner
         self._thread = threading.Thread(target=self._thread_main, name="cachet-engine", daemon=True)
         self._thread.start()
         self._runner_loaded.wait()
@@ -72,7 +72,7 @@ class Engine:
             self._thread.join()
             raise self._load_error
         try:
-            self._build_core(config, self._runner, tokenizer)
+            self._build_core(config, self.runner, tokenizer)
         except BaseException:
             self._is_closed = True
             self._core_ready.set()
@@ -85,7 +85,6 @@ class Engine:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(str(config.model_dir))
-        self.runner = runner
         self.tokenizer = tokenizer
         self._decoder = fast_decoder(tokenizer)
         # NOTE: the runner may lower max_model_len to what the model's positions support.
@@ -300,8 +299,8 @@ class Engine:
         try:
             if config.num_threads:
                 torch.set_num_threads(config.num_threads)
-            if self._runner is None:
-                self._runner = ModelRunner(
+            if self.runner is None:
+                self.runner = ModelRunner(
                     config.model_dir,
                     dtype=config.dtype,
                     kv_cache_bytes=config.kv_cache_bytes,
