@@ -18,11 +18,19 @@ T = TypeVar("T")
 
 
 def run_single_threaded(work: Callable[[], T]) -> T:
-    """Run `work` on this thread with one torch thread (the setting is per thread)."""
+    """Run `work` on this thread with one torch thread; the thread's own setting is restored.
+
+    (The setting is per thread, and restoring it creates no OpenMP team: that happens only at
+    the next parallel region.)
+    """
     import torch
 
+    previous = torch.get_num_threads()
     torch.set_num_threads(1)
-    return work()
+    try:
+        return work()
+    finally:
+        torch.set_num_threads(previous)
 
 
 def run_on_short_lived_thread(work: Callable[[], T], num_threads: int = 0) -> T:

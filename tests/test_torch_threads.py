@@ -30,6 +30,15 @@ def test_single_threaded_work_runs_here_with_one_torch_thread():
     assert (ident, num_threads) == (caller, 1)
 
 
+def test_single_threaded_work_leaves_the_callers_setting_as_it_was():
+    def run_then_read():
+        torch.set_num_threads(2)
+        run_single_threaded(where_and_how_many)
+        return torch.get_num_threads()
+
+    assert run_in_fresh_thread(run_then_read) == 2
+
+
 def test_short_lived_thread_work_runs_elsewhere_and_returns_its_value():
     ident, num_threads = run_on_short_lived_thread(where_and_how_many, num_threads=2)
     assert ident != threading.get_ident()
