@@ -6,7 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inference.engine import attention
 from inference.engine.attention import build_attention_metadata, paged_attention
+from inference.engine.kv_cache import quantize_kv
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
@@ -34,15 +36,22 @@ def _token(cache: torch.Tensor, slot: int) -> torch.Tensor:
     return cache[slot // BLOCK_SIZE, :, slot % BLOCK_SIZE]
 
 
-def _run_batch(sequences, dtype=torch.float32):
-    """Fill each cached prefix, run paged attention; return its output and the dense one."""
+def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0):
+    """Fill each cached prefix, run paged attention; return its output and the dense one.
+
+    The first `num_shared_tokens` keys/values are the same for every sequence (their block
+    tables share those blocks).
+    """
     torch.manual_seed(0)
     k_cache = torch.zeros(NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, dtype=dtype)
     v_cache = torch.zeros_like(k_cache)
     full_keys, full_values, queries = [], [], []
+    shared_keys = torch.randn(num_shared_tokens, NUM_KV_HEADS, HEAD_DIM, dtype=dtype)
+    shared_values = torch.randn_like(shared_keys)
     for computed, num_query, table in sequences:
         keys = torch.randn(computed + num_query, NUM_KV_HEADS, HEAD_DIM, dtype=dtype)
         values = torch.randn_like(keys)
+        keys[:num_shared_tokens], values[:num_shared_tokens] = shared_keys, shared_values
         for position in range(computed):
             _token(k_cache, _slot(table, position))[:] = keys[position]
             _token(v_cache, _slot(table, position))[:] = values[position]
@@ -123,3 +132,91 @@ def test_single_token_sequences_after_a_prefill_are_rejected():
         build_attention_metadata(
             [3, 1], [0, 5], [[0], [1, 2]], block_size=BLOCK_SIZE, num_kv_heads=NUM_KV_HEADS
         )
+
+
+# Three decodes sharing the 8 tokens of blocks [7, 2], then their own blocks (two contexts end
+# inside a block of their own, one right after the shared blocks), and a prefill on the same
+# prefix that must not take part in the cascade.
+SHARING_SEQUENCES = [
+    (12, 1, [7, 2, 30, 6]),
+    (9, 1, [7, 2, 5]),
+    (8, 1, [7, 2, 11]),
+    (8, 3, [7, 2, 19]),
+]
+
+
+@pytest.fixture
+def cascade_from_one_block(monkeypatch):
+    """Cascade attention from one shared block on (the real threshold suits real models)."""
+    monkeypatch.setattr(attention, "CASCADE_MIN_SHARED_TOKENS", BLOCK_SIZE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decodes_sharing_leading_blocks_attend_them_once_and_match_dense_attention(
+    cascade_from_one_block, dtype
+):
+    out, expected, metadata, *_ = _run_batch(SHARING_SEQUENCES, dtype, num_shared_tokens=8)
+    heads = torch.arange(NUM_KV_HEADS)[:, None]
+    shared_rows = (torch.tensor([7, 2]) * NUM_KV_HEADS + heads).flatten()
+    assert metadata.decode_shared_gather_index.tolist() == shared_rows.tolist()
+    assert metadata.max_decode_context_len == 13 - 8  # the longest decode's own tokens
+    tolerance = 1e-5 if dtype is torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_cascade_decode_attention_reads_an_int8_cache_like_the_plain_path(
+    cascade_from_one_block, monkeypatch
+):
+    def run():
+        torch.manual_seed(1)
+        caches = [torch.randn(NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM) for _ in range(2)]
+        codes, scales = zip(*(quantize_kv(cache) for cache in caches), strict=True)
+        decodes = SHARING_SEQUENCES[:3]
+        metadata = build_attention_metadata(
+            [n for _, n, _ in decodes],
+            [c for c, _, _ in decodes],
+            [t for _, _, t in decodes],
+            block_size=BLOCK_SIZE,
+            num_kv_heads=NUM_KV_HEADS,
+        )
+        q = torch.randn(3, NUM_HEADS, HEAD_DIM)
+        k, v = torch.randn(2, 3, NUM_KV_HEADS, HEAD_DIM)
+        return metadata, paged_attention(
+            q, k, v, codes[0].clone(), codes[1].clone(), metadata, scale=SCALE, kv_scales=scales
+        )
+
+    cascade_metadata, cascade = run()
+    monkeypatch.setattr(attention, "CASCADE_MIN_SHARED_TOKENS", 10**9)
+    plain_metadata, plain = run()
+    assert cascade_metadata.decode_shared_gather_index is not None
+    assert plain_metadata.decode_shared_gather_index is None
+    torch.testing.assert_close(cascade, plain, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("sequences", "reason"),
+    [
+        ([(12, 1, [7, 2, 30, 6])], "a single decode"),
+        ([(12, 1, [7, 2, 30, 6]), (9, 1, [8, 2, 5])], "no common first block"),
+        ([(3, 1, [7]), (3, 1, [7])], "the common block holds the new tokens"),
+    ],
+)
+def test_decodes_without_full_shared_blocks_are_attended_in_one_part(
+    cascade_from_one_block, sequences, reason
+):
+    metadata = build_attention_metadata(
+        [n for _, n, _ in sequences],
+        [c for c, _, _ in sequences],
+        [t for _, _, t in sequences],
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+    )
+    assert metadata.decode_shared_gather_index is None, reason
+
+
+def test_shared_prefixes_shorter_than_the_threshold_are_not_cascaded():
+    assert attention.CASCADE_MIN_SHARED_TOKENS > 2 * BLOCK_SIZE
+    metadata = build_attention_metadata(
+        [1, 1], [12, 9], [[7, 2, 30, 6], [7, 2, 5]], block_size=BLOCK_SIZE, num_kv_heads=2
+    )
+    assert metadata.decode_shared_gather_index is None

@@ -366,6 +366,41 @@ def test_real_model_concurrent_greedy_matches_one_at_a_time(make_real_engine, re
 
 
 @pytest.mark.slow
+def test_real_model_decodes_sharing_a_system_prompt_match_one_at_a_time(
+    make_real_engine, real_tokenizer, monkeypatch
+):
+    from inference.engine import attention
+
+    shared_blocks_per_step = []
+
+    def recording_num_shared_blocks(*args):
+        shared_blocks_per_step.append(attention_num_shared_blocks(*args))
+        return shared_blocks_per_step[-1]
+
+    attention_num_shared_blocks = attention._num_shared_blocks
+    monkeypatch.setattr(attention, "_num_shared_blocks", recording_num_shared_blocks)
+    system = "You are a careful assistant. Answer in one short sentence. " * 8
+    prompts = [
+        list(
+            real_tokenizer.apply_chat_template(
+                [{"role": "system", "content": system}, {"role": "user", "content": q}],
+                add_generation_prompt=True,
+                return_dict=False,
+            )
+        )
+        for q in QUESTIONS
+    ]
+    engine = make_real_engine()
+    params = SamplingParams(temperature=0, max_tokens=8)
+    one_by_one = [engine.generate([p], params)[0].token_ids for p in prompts]
+    together = engine.generate(prompts, params)
+    assert [r.token_ids for r in together] == one_by_one
+    # The prompt's shared blocks came from the prefix cache and were attended once per step.
+    assert min(r.usage.cached_tokens for r in together) >= attention.CASCADE_MIN_SHARED_TOKENS
+    assert max(shared_blocks_per_step) * 16 >= attention.CASCADE_MIN_SHARED_TOKENS
+
+
+@pytest.mark.slow
 def test_real_model_prefix_cache_hit_gives_the_cold_output(make_real_engine, real_tokenizer):
     engine = make_real_engine()
     p = chat(real_tokenizer, "Write one sentence about the sea.")

@@ -17,6 +17,13 @@ One step's tokens arrive as a flat batch with the single-token sequences (decode
   offset by the tokens already cached.
 `build_attention_metadata` turns the batch layout into index tensors once per step; every layer
 reuses them (and the gather buffers the first layer allocates).
+
+Cascade decode attention (CPU): when the decodes of a step share leading KV blocks (the prefix
+cache hands every chat the same blocks for the system prompt), those blocks are gathered ONCE
+and attended by all decodes' queries in one call; each sequence then attends only its own blocks,
+and the two partial results are merged by their log-sum-exp. Without it a step copies the shared
+prompt once per sequence in every layer. Measured on the 2-core box (32 decodes of 1,250 tokens
+sharing 1,008, bf16): a decode step went from 209 ms (gather 80 ms, SDPA 77 ms) to 99 ms.
 """
 
 from __future__ import annotations
@@ -28,6 +35,12 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.kv_cache import dequantize_kv, quantize_kv
+
+# Shared leading tokens of a step's decodes from which cascade attention pays (see the module doc).
+CASCADE_MIN_SHARED_TOKENS = 64
+# The CPU flash-attention kernel behind F.scaled_dot_product_attention; it also returns the
+# log-sum-exp [batch, heads, queries] (float32) that merging two partial attentions needs.
+_flash_attention_with_lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
 
 @dataclass(slots=True)
@@ -52,15 +65,21 @@ class AttentionMetadata:
     # keys/values, token-major (matching k.reshape(-1, head_dim)).
     write_index: torch.Tensor
     num_decode_tokens: int  # the first num_decode_tokens tokens are single-token sequences
-    # [num_decodes * kv_heads * max_blocks] cache rows, ordered (sequence, head, block)
+    # [num_decodes * kv_heads * max_blocks] cache rows, ordered (sequence, head, block), of each
+    # decode's own blocks: all of them, or those after the shared prefix (cascade)
     decode_gather_index: torch.Tensor | None
-    max_decode_context_len: int
+    max_decode_context_len: int  # tokens those blocks hold for the longest decode
     # [num_decodes, 1, 1, max_decode_context_len]; None when all decodes have the same context
     decode_mask: torch.Tensor | None
     prefills: list[PrefillSpan]
+    # Cascade: cache rows [kv_heads * shared blocks], ordered (head, block), of the leading
+    # blocks every decode shares; None when the decodes are not attended in two parts.
+    decode_shared_gather_index: torch.Tensor | None = None
     # Gather buffers shared by all layers of the step (allocated by the first layer).
     decode_keys: torch.Tensor | None = None
     decode_values: torch.Tensor | None = None
+    # decode_mask as an additive mask in the model dtype (built by the first layer that needs it)
+    decode_additive_mask: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -114,17 +133,24 @@ def build_attention_metadata(
         (block_of_token[:, None] * num_kv_heads + heads) * block_size + offset_in_block[:, None]
     ).flatten()
 
-    decode_gather_index = decode_mask = None
+    decode_gather_index = decode_mask = decode_shared_gather_index = None
     max_decode_context_len = 0
     if num_decodes:
-        decode_context_lens = context_lens[:num_decodes]
-        max_decode_context_len = max(decode_context_lens)
         decode_table = table[:num_decodes, : max(num_blocks[:num_decodes])]
+        decode_lens = computed[:num_decodes] + 1
+        num_shared_blocks = 0
+        if torch.device(device).type == "cpu":
+            num_shared_blocks = _num_shared_blocks(decode_table, decode_lens, block_size)
+        if num_shared_blocks:
+            shared_table = decode_table[0, :num_shared_blocks]
+            decode_shared_gather_index = (shared_table * num_kv_heads + heads[:, None]).flatten()
+            decode_table = decode_table[:, num_shared_blocks:]
+            decode_lens = decode_lens - num_shared_blocks * block_size
+        max_decode_context_len = int(decode_lens.max())
         decode_gather_index = (decode_table[:, None, :] * num_kv_heads + heads[:, None]).flatten()
         decode_gather_index = decode_gather_index.to(device)
-        if min(decode_context_lens) != max_decode_context_len:
-            lens = computed[:num_decodes] + 1
-            decode_mask = torch.arange(max_decode_context_len) < lens[:, None]
+        if int(decode_lens.min()) != max_decode_context_len:
+            decode_mask = torch.arange(max_decode_context_len) < decode_lens[:, None]
             decode_mask = decode_mask.view(num_decodes, 1, 1, -1).to(device)
 
     prefills = []
@@ -150,7 +176,24 @@ def build_attention_metadata(
         max_decode_context_len=max_decode_context_len,
         decode_mask=decode_mask,
         prefills=prefills,
+        decode_shared_gather_index=decode_shared_gather_index,
     )
+
+
+def _num_shared_blocks(
+    decode_table: torch.Tensor, decode_lens: torch.Tensor, block_size: int
+) -> int:
+    """Leading blocks that every decode's table holds, if enough to attend them once (cascade).
+
+    Only blocks entirely before each decode's new token count: those are full and read-only, so
+    every query attends all of their tokens and no mask is needed.
+    """
+    if len(decode_table) < 2:
+        return 0
+    is_common = (decode_table == decode_table[0]).all(dim=0)
+    num_common = int(is_common.cumprod(dim=0).sum())
+    num_shared = min(num_common, int((decode_lens.min() - 1) // block_size))
+    return num_shared if num_shared * block_size >= CASCADE_MIN_SHARED_TOKENS else 0
 
 
 def paged_attention(
@@ -250,7 +293,58 @@ def _decode_attention(
     kv_scales: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:
     num_decodes, num_heads, head_dim = q.shape
-    num_kv_heads, block_size = k_cache.shape[1:3]
+    num_kv_heads = k_cache.shape[1]
+    # NOTE: the query heads sharing one KV head become the "query length" axis of that KV head,
+    # so grouped-query attention needs no repeated keys/values: [seqs, kv_heads, group, dim].
+    # (4x faster here than SDPA's enable_gqa with one query token.)
+    grouped_q = q.reshape(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    keys, values = _gather_decode_kv(k_cache, v_cache, metadata, num_decodes, q.dtype, kv_scales)
+    if metadata.decode_shared_gather_index is None:
+        o = F.scaled_dot_product_attention(
+            grouped_q, keys, values, attn_mask=metadata.decode_mask, scale=scale
+        )
+        return o.reshape(num_decodes, num_heads, head_dim)
+    if metadata.decode_mask is not None and metadata.decode_additive_mask is None:
+        metadata.decode_additive_mask = torch.zeros(
+            metadata.decode_mask.shape, dtype=q.dtype, device=q.device
+        ).masked_fill_(~metadata.decode_mask, float("-inf"))
+    own, own_lse = _flash_attention_with_lse(
+        grouped_q, keys, values, attn_mask=metadata.decode_additive_mask, scale=scale
+    )
+    # The shared blocks: one sequence's worth of keys/values, attended by every decode's queries
+    # as one long query axis per KV head: [1, kv_heads, seqs * group, dim].
+    shared_index = metadata.decode_shared_gather_index
+    if kv_scales:
+        shared_keys = _gather_quantized(k_cache, kv_scales[0], shared_index, q.dtype)
+        shared_values = _gather_quantized(v_cache, kv_scales[1], shared_index, q.dtype)
+    else:
+        shared_keys = _gather(k_cache, shared_index)
+        shared_values = _gather(v_cache, shared_index)
+    shared, shared_lse = _flash_attention_with_lse(
+        grouped_q.transpose(0, 1).reshape(1, num_kv_heads, -1, head_dim),
+        shared_keys.unsqueeze(0),
+        shared_values.unsqueeze(0),
+        scale=scale,
+    )
+    shared = shared.view(num_kv_heads, num_decodes, -1, head_dim).transpose(0, 1)
+    shared_lse = shared_lse.view(num_kv_heads, num_decodes, -1).transpose(0, 1)
+    # softmax over the union of both key sets = the two partial results weighted by their
+    # share of the total exp-sum: sigmoid(lse_shared - lse_own) for the shared part.
+    shared_weight = torch.sigmoid(shared_lse - own_lse).unsqueeze(-1)
+    o = torch.lerp(own.float(), shared.float(), shared_weight)
+    return o.to(q.dtype).reshape(num_decodes, num_heads, head_dim)
+
+
+def _gather_decode_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    num_decodes: int,
+    dtype: torch.dtype,
+    kv_scales: tuple[torch.Tensor, ...],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each decode's own blocks as keys/values [num_decodes, kv_heads, context, head_dim]."""
+    num_kv_heads, block_size, head_dim = k_cache.shape[1:]
     index = metadata.decode_gather_index
     if metadata.decode_keys is None:
         # NOTE: one buffer pair per step, reused by every layer: no per-layer allocation (and
@@ -260,25 +354,13 @@ def _decode_attention(
     flat_shape = (-1, block_size, head_dim)
     torch.index_select(k_cache.view(flat_shape), 0, index, out=metadata.decode_keys)
     torch.index_select(v_cache.view(flat_shape), 0, index, out=metadata.decode_values)
-    context_len = metadata.max_decode_context_len
     keys, values = metadata.decode_keys, metadata.decode_values
     if kv_scales:
-        keys = dequantize_kv(
-            keys, kv_scales[0].view(-1, block_size).index_select(0, index), q.dtype
-        )
+        keys = dequantize_kv(keys, kv_scales[0].view(-1, block_size).index_select(0, index), dtype)
         values = dequantize_kv(
-            values, kv_scales[1].view(-1, block_size).index_select(0, index), q.dtype
+            values, kv_scales[1].view(-1, block_size).index_select(0, index), dtype
         )
+    context_len = metadata.max_decode_context_len
     keys = keys.view(num_decodes, num_kv_heads, -1, head_dim)[:, :, :context_len]
-    values = values.view(num_decodes, num_kv_heads, -1, head_dim)
-    # NOTE: the query heads sharing one KV head become the "query length" axis of that KV head,
-    # so grouped-query attention needs no repeated keys/values: [seqs, kv_heads, group, dim].
-    # (4x faster here than SDPA's enable_gqa with one query token.)
-    o = F.scaled_dot_product_attention(
-        q.reshape(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim),
-        keys,
-        values[:, :, :context_len],
-        attn_mask=metadata.decode_mask,
-        scale=scale,
-    )
-    return o.reshape(num_decodes, num_heads, head_dim)
+    values = values.view(num_decodes, num_kv_heads, -1, head_dim)[:, :, :context_len]
+    return keys, values

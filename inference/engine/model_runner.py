@@ -18,6 +18,7 @@ import torch
 from inference.engine.attention import build_attention_metadata
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.loader import load_model
+from inference.engine.packed_linear import can_pack, pack_linear_layers
 from inference.engine.quantization import (
     DEFAULT_INT4_GROUP_SIZE,
     model_weight_bytes,
@@ -58,6 +59,8 @@ class ModelRunner:
     ) -> None:
         loaded = load_model(model_dir, dtype=dtype, device=device)
         self.model = quantize_model(loaded.model, quantization, quantization_group_size)
+        if quantization == "none" and can_pack(dtype, device):
+            pack_linear_layers(self.model)
         self.quantization = quantization
         self.weight_bytes = model_weight_bytes(self.model)
         self.hf_config = loaded.hf_config

@@ -319,8 +319,10 @@ def model_weight_bytes(model: nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        if tensor.device.type == "meta" or tensor.data_ptr() in seen:
+        # NOTE: oneDNN-packed weights (packed_linear.py) are opaque: no data pointer to share.
+        key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+        if tensor.device.type == "meta" or key in seen:
             continue
-        seen.add(tensor.data_ptr())
+        seen.add(key)
         total += tensor.numel() * tensor.element_size()
     return total
