@@ -93,17 +93,18 @@ def chat_model_name() -> str:
     return runtime.engine_status()["model"] or runtime.served_model_name(ModelConfig.active())
 
 
-@sync_to_async
-def remote_model_names() -> list[str]:
-    """Chat models of the enabled remote backends; with any, `auto` too (the routing rules)."""
-    names = remote_models()
-    return [*names, AUTO_MODEL] if names else []
+remote_model_names = sync_to_async(remote_models)
 
 
 @router.get("/models", summary="List the served models")
 async def list_models(request: HttpRequest) -> dict:
     created = int(time.time())
-    names = [await chat_model_name(), *await remote_model_names(), embedding_model_name()]
+    names = [
+        await chat_model_name(),
+        *await remote_model_names(),
+        AUTO_MODEL,
+        embedding_model_name(),
+    ]
     return {
         "object": "list",
         "data": [
@@ -125,8 +126,9 @@ async def _check_model(requested: str) -> None:
 
 
 async def _check_chat_model(requested: str) -> None:
-    """Chat completions also take a remote backend's model, or `auto` (backends.routing)."""
-    if requested not in await remote_model_names():
+    """Chat completions also take a remote backend's model, or `auto`: the routing rules
+    (backends.routing), which answer locally while no remote backend is enabled."""
+    if requested != AUTO_MODEL and requested not in await remote_model_names():
         await _check_model(requested)
 
 

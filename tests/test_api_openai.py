@@ -72,9 +72,16 @@ def client(server) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.keys[0], max_retries=0)
 
 
-def test_models_lists_the_chat_and_embedding_models(client) -> None:
+def test_models_lists_the_chat_model_auto_and_the_embedding_model(client) -> None:
     ids = [model.id for model in client.models.list()]
-    assert ids == [MODEL, "all-MiniLM-L6-v2"]
+    assert ids == [MODEL, "auto", "all-MiniLM-L6-v2"]
+
+
+def test_auto_answers_locally_when_no_remote_backend_is_enabled(client) -> None:
+    auto = client.chat.completions.create(model="auto", messages=MESSAGES, **GREEDY)
+    local = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY)
+    assert auto.model == MODEL
+    assert auto.choices[0].message.content == local.choices[0].message.content
 
 
 def test_streamed_and_non_streamed_chat_completions_are_identical_under_greedy(client) -> None:
