@@ -36,6 +36,17 @@ def _token(cache: torch.Tensor, slot: int) -> torch.Tensor:
     return cache[slot // BLOCK_SIZE, :, slot % BLOCK_SIZE]
 
 
+def _metadata_of(sequences):
+    """Metadata of (num_computed_tokens, num_query_tokens, block_table) sequences."""
+    return build_attention_metadata(
+        [n for _, n, _ in sequences],
+        [c for c, _, _ in sequences],
+        [t for _, _, t in sequences],
+        block_size=BLOCK_SIZE,
+        num_kv_heads=NUM_KV_HEADS,
+    )
+
+
 def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0):
     """Fill each cached prefix, run paged attention; return its output and the dense one.
 
@@ -59,13 +70,7 @@ def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0):
         full_values.append(values)
         queries.append(torch.randn(num_query, NUM_HEADS, HEAD_DIM, dtype=dtype))
 
-    metadata = build_attention_metadata(
-        [n for _, n, _ in sequences],
-        [c for c, _, _ in sequences],
-        [t for _, _, t in sequences],
-        block_size=BLOCK_SIZE,
-        num_kv_heads=NUM_KV_HEADS,
-    )
+    metadata = _metadata_of(sequences)
     new_keys = torch.cat([k[c:] for k, (c, _, _) in zip(full_keys, sequences, strict=True)])
     new_values = torch.cat([v[c:] for v, (c, _, _) in zip(full_values, sequences, strict=True)])
     out = paged_attention(
@@ -171,14 +176,7 @@ def test_cascade_decode_attention_reads_an_int8_cache_like_the_plain_path(
         torch.manual_seed(1)
         caches = [torch.randn(NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM) for _ in range(2)]
         codes, scales = zip(*(quantize_kv(cache) for cache in caches), strict=True)
-        decodes = SHARING_SEQUENCES[:3]
-        metadata = build_attention_metadata(
-            [n for _, n, _ in decodes],
-            [c for c, _, _ in decodes],
-            [t for _, _, t in decodes],
-            block_size=BLOCK_SIZE,
-            num_kv_heads=NUM_KV_HEADS,
-        )
+        metadata = _metadata_of(SHARING_SEQUENCES[:3])
         q = torch.randn(3, NUM_HEADS, HEAD_DIM)
         k, v = torch.randn(2, 3, NUM_KV_HEADS, HEAD_DIM)
         return metadata, paged_attention(
@@ -204,13 +202,7 @@ def test_cascade_decode_attention_reads_an_int8_cache_like_the_plain_path(
 def test_decodes_without_full_shared_blocks_are_attended_in_one_part(
     cascade_from_one_block, sequences, reason
 ):
-    metadata = build_attention_metadata(
-        [n for _, n, _ in sequences],
-        [c for c, _, _ in sequences],
-        [t for _, _, t in sequences],
-        block_size=BLOCK_SIZE,
-        num_kv_heads=NUM_KV_HEADS,
-    )
+    metadata = _metadata_of(sequences)
     assert metadata.decode_shared_gather_index is None, reason
 
 
