@@ -87,6 +87,26 @@ def check_embedding_model() -> str:
     return f"{resolved.source} ready at {resolved.directory}"
 
 
+def check_remote_backends() -> str | None:
+    """The last recorded health of each enabled remote backend; None when none is enabled.
+
+    NOTE: reported, never failing: a remote backend that is down does not make this server
+    unhealthy (its turns fall back to the local engine or fail on their own), and a load
+    balancer must not take a working server out over it. Active checks are the admin action and
+    `manage.py check_backends`; this reads what they and live traffic recorded.
+    """
+    from backends.models import InferenceBackend
+
+    backends = list(InferenceBackend.objects.filter(is_enabled=True).order_by("name"))
+    if not backends:
+        return None
+    return "; ".join(
+        f"{backend.name} ({backend.model}): {backend.health}"
+        + (f" ({backend.health_detail})" if backend.health_detail else "")
+        for backend in backends
+    )
+
+
 CHECKS: dict[str, Callable[[], str | None]] = {
     "database": check_database,
     "channel_layer": check_channel_layer,
@@ -94,6 +114,12 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "chat_model": check_chat_model,
     "engine": check_engine,
     "embedding_model": check_embedding_model,
+    "remote_backends": check_remote_backends,
+}
+# What a check that returns None (an optional component) reports.
+NOT_CONFIGURED = {
+    "broker": "tasks run in-process (REDIS_URL unset)",
+    "remote_backends": "no remote backend is enabled",
 }
 
 
@@ -110,7 +136,7 @@ def run_checks() -> dict:
             state = {"state": "error", "detail": f"{type(error).__name__}: {error}"}
         else:
             state = (
-                {"state": "not_configured", "detail": "tasks run in-process (REDIS_URL unset)"}
+                {"state": "not_configured", "detail": NOT_CONFIGURED[name]}
                 if detail is None
                 else {"state": "ok", "detail": detail}
             )

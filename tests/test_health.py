@@ -9,7 +9,15 @@ from inference import runtime
 
 pytestmark = pytest.mark.django_db
 
-COMPONENTS = {"database", "channel_layer", "broker", "chat_model", "engine", "embedding_model"}
+COMPONENTS = {
+    "database",
+    "channel_layer",
+    "broker",
+    "chat_model",
+    "engine",
+    "embedding_model",
+    "remote_backends",
+}
 
 
 @pytest.fixture
@@ -93,3 +101,26 @@ def test_health_is_ok_on_postgresql_redis_layer_and_redis_broker(client, running
     assert components["database"]["detail"] == "postgresql reachable"
     assert components["channel_layer"]["detail"] == "RedisChannelLayer round trip ok"
     assert components["broker"]["state"] == "ok"
+
+
+def test_remote_backends_are_reported_and_a_down_one_leaves_health_ok() -> None:
+    from backends.models import InferenceBackend
+    from chatsite.health import run_checks
+
+    assert run_checks()["components"]["remote_backends"]["state"] == "not_configured"
+    InferenceBackend.objects.create(
+        name="gpu-a", base_url="http://10.0.0.5:8000/v1", model="big", health="up"
+    )
+    InferenceBackend.objects.create(
+        name="gpu-b",
+        base_url="http://10.0.0.6:8000/v1",
+        model="big",
+        health="down",
+        health_detail="connection refused",
+    )
+    InferenceBackend.objects.create(
+        name="off", base_url="http://10.0.0.7:8000/v1", model="big", is_enabled=False
+    )
+    component = run_checks()["components"]["remote_backends"]
+    assert component["state"] == "ok"
+    assert component["detail"] == "gpu-a (big): up; gpu-b (big): down (connection refused)"
