@@ -14,6 +14,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
 
+from backends.models import InferenceBackend
 from inference.model_files import resolve_chat_model, resolve_embedding_model
 from inference.runtime import engine_status, get_engine
 
@@ -95,8 +96,6 @@ def check_remote_backends() -> str | None:
     balancer must not take a working server out over it. Active checks are the admin action and
     `manage.py check_backends`; this reads what they and live traffic recorded.
     """
-    from backends.models import InferenceBackend
-
     backends = list(InferenceBackend.objects.filter(is_enabled=True).order_by("name"))
     if not backends:
         return None

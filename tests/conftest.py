@@ -66,6 +66,21 @@ TINY_MODEL_CONFIGS = {
 }
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module's tests (`pytest.mark.usefixtures("one_torch_thread")`).
+
+    NOTE: the test machines are 2 shared cores; two OpenMP threads stall badly whenever a
+    neighbour holds a core, and these tests are about outputs, not speed.
+    """
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
     """Factory: `tiny_model_dir("qwen2")` -> directory of a saved 2-layer random model."""

@@ -372,12 +372,12 @@ def test_real_model_decodes_sharing_a_system_prompt_match_one_at_a_time(
     from inference.engine import attention
 
     shared_blocks_per_step = []
+    num_shared_blocks = attention._num_shared_blocks
 
     def recording_num_shared_blocks(*args):
-        shared_blocks_per_step.append(attention_num_shared_blocks(*args))
+        shared_blocks_per_step.append(num_shared_blocks(*args))
         return shared_blocks_per_step[-1]
 
-    attention_num_shared_blocks = attention._num_shared_blocks
     monkeypatch.setattr(attention, "_num_shared_blocks", recording_num_shared_blocks)
     system = "You are a careful assistant. Answer in one short sentence. " * 8
     prompts = [

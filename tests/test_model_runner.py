@@ -21,14 +21,7 @@ QUESTIONS = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    # NOTE: the test machines are 2 shared cores; two OpenMP threads stall badly whenever a
-    # neighbour holds a core, and these tests are about outputs, not speed.
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def greedy_decode(

@@ -25,7 +25,7 @@ import torch
 from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.perplexity import perplexity as engine_perplexity
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
 DATA_DIR = Path(__file__).parent / "data"
 WINDOW = 1024
@@ -40,14 +40,6 @@ PERPLEXITY_BOUNDS = {("int8", "auto"): 1.02, ("int4", "auto"): 1.10, ("none", "i
 # NOTE: lower bounds on the mean share of the 32 greedy tokens that match bf16 before the first
 # difference, ~0.12-0.16 under what was measured (see the module docstring).
 AGREEMENT_BOUNDS = {("int8", "auto"): 0.45, ("int4", "auto"): 0.5, ("none", "int8"): 0.6}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def make_runner(model_dir: Path, quantization: str, kv_cache_dtype: str) -> ModelRunner:

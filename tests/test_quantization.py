@@ -24,13 +24,7 @@ from inference.engine.quantization import (
     unpack_int4,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def make_linear(out_features: int, in_features: int, dtype: torch.dtype) -> nn.Linear:

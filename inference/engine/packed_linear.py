@@ -46,7 +46,6 @@ class PackedLinear(nn.Module):
         self.register_buffer(
             "packed_weight", torch.ops.mkldnn._reorder_linear_weight(weight, 1), persistent=False
         )
-        self.weight_bytes = weight.numel() * weight.element_size()
         self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach(), False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
