@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
 from ninja import NinjaAPI
-from ninja.errors import AuthenticationError, ValidationError
+from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
 from api import documents, keys, openai, rate_limits
@@ -56,6 +56,12 @@ def missing_key(request: HttpRequest, error: AuthenticationError) -> JsonRespons
         "You didn't provide an API key. Send it as `Authorization: Bearer <key>`.",
         code="missing_api_key",
     )
+
+
+@api.exception_handler(HttpError)
+def http_error(request: HttpRequest, error: HttpError) -> JsonResponse:
+    """Ninja's own refusals (a body that is not JSON, ...) in OpenAI's error shape too."""
+    return error_response(error.status_code, error.message)
 
 
 @api.exception_handler(ValidationError)

@@ -208,10 +208,10 @@ def test_a_rate_limited_key_gets_429_with_retry_after(server) -> None:
 
 
 def test_unknown_fields_are_ignored_and_bad_values_get_400_in_openais_shape(server) -> None:
-    def post(body: dict) -> tuple[int, dict]:
+    def post(body: dict | bytes) -> tuple[int, dict]:
         request = urllib.request.Request(
             f"{server.url}/v1/chat/completions",
-            data=json.dumps(body).encode(),
+            data=body if isinstance(body, bytes) else json.dumps(body).encode(),
             headers={"Authorization": f"Bearer {server.keys[0]}",
                      "Content-Type": "application/json"},
         )  # fmt: skip
@@ -230,6 +230,9 @@ def test_unknown_fields_are_ignored_and_bad_values_get_400_in_openais_shape(serv
     assert status == 400
     status, body = post({"model": MODEL, "messages": [{"role": "assistant", "content": "x"}]})
     assert status == 400 and "role 'user'" in body["error"]["message"]
+    status, body = post(b'{"model": "' + MODEL.encode() + b'", "messages": [')  # cut-off JSON
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["message"].startswith("Cannot parse request body")
 
 
 def engine_metric(server, name: str) -> float:
