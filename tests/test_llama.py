@@ -101,8 +101,13 @@ def test_rms_norm_matches_transformers_bitwise(dtype):
         ours.weight.copy_(theirs.weight)
     ours, theirs = ours.to(dtype), theirs.to(dtype)
     x = (torch.randn(7, 64) * 3).to(dtype)
+    residual = (torch.randn(7, 64) * 3).to(dtype)
     with torch.no_grad():
-        assert torch.equal(ours(x), theirs(x))
+        assert torch.equal(ours(x)[0], theirs(x))
+        # with the residual stream: the add transformers' decoder layer does before its norm
+        normed, stream = ours(x, residual.clone())
+        assert torch.equal(stream, residual + x)
+        assert torch.equal(normed, theirs(residual + x))
 
 
 def test_qwen2_gets_q_k_v_biases_but_no_output_bias():

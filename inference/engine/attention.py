@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from inference.engine import paged_decode_kernel
 from inference.engine.kv_cache import dequantize_kv, quantize_kv
 
 # Shared leading tokens of a step's decodes from which cascade attention pays (see the module doc).
@@ -80,6 +81,11 @@ class AttentionMetadata:
     decode_values: torch.Tensor | None = None
     # decode_mask as an additive mask in the model dtype (built by the first layer that needs it)
     decode_additive_mask: torch.Tensor | None = None
+    # Native kernel (paged_decode_kernel.py) instead of gather + SDPA: each decode's own blocks
+    # [num_decodes, max blocks] int32 and the tokens they hold [num_decodes] int32; when set,
+    # decode_gather_index and decode_mask are None.
+    decode_block_table: torch.Tensor | None = None
+    decode_context_lens: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -90,10 +96,13 @@ def build_attention_metadata(
     block_size: int,
     num_kv_heads: int,
     device: torch.device | str = "cpu",
+    decode_kernel: bool = False,
 ) -> AttentionMetadata:
     """Index tensors for one step. Sequences with one query token must come first.
 
     Block tables may be longer than needed; only the blocks covering each context are used.
+    `decode_kernel`: the decodes will be attended by the native kernel (the caller checked
+    `paged_decode_kernel.supports`: a CPU bf16 cache that is not quantized).
     """
     num_seqs = len(query_lens)
     num_decodes = 0
@@ -134,6 +143,7 @@ def build_attention_metadata(
     ).flatten()
 
     decode_gather_index = decode_mask = decode_shared_gather_index = None
+    decode_block_table = decode_context_lens = None
     max_decode_context_len = 0
     if num_decodes:
         decode_table = table[:num_decodes, : max(num_blocks[:num_decodes])]
@@ -147,9 +157,13 @@ def build_attention_metadata(
             decode_table = decode_table[:, num_shared_blocks:]
             decode_lens = decode_lens - num_shared_blocks * block_size
         max_decode_context_len = int(decode_lens.max())
-        decode_gather_index = (decode_table[:, None, :] * num_kv_heads + heads[:, None]).flatten()
-        decode_gather_index = decode_gather_index.to(device)
-        if int(decode_lens.min()) != max_decode_context_len:
+        if decode_kernel:
+            decode_block_table = decode_table.to(torch.int32).contiguous()
+            decode_context_lens = decode_lens.to(torch.int32)
+        else:
+            decode_gather_index = decode_table[:, None, :] * num_kv_heads + heads[:, None]
+            decode_gather_index = decode_gather_index.flatten().to(device)
+        if not decode_kernel and int(decode_lens.min()) != max_decode_context_len:
             decode_mask = torch.arange(max_decode_context_len) < decode_lens[:, None]
             decode_mask = decode_mask.view(num_decodes, 1, 1, -1).to(device)
 
@@ -177,6 +191,8 @@ def build_attention_metadata(
         decode_mask=decode_mask,
         prefills=prefills,
         decode_shared_gather_index=decode_shared_gather_index,
+        decode_block_table=decode_block_table,
+        decode_context_lens=decode_context_lens,
     )
 
 
@@ -298,19 +314,37 @@ def _decode_attention(
     # so grouped-query attention needs no repeated keys/values: [seqs, kv_heads, group, dim].
     # (4x faster here than SDPA's enable_gqa with one query token.)
     grouped_q = q.reshape(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    keys, values = _gather_decode_kv(k_cache, v_cache, metadata, num_decodes, q.dtype, kv_scales)
-    if metadata.decode_shared_gather_index is None:
-        o = F.scaled_dot_product_attention(
-            grouped_q, keys, values, attn_mask=metadata.decode_mask, scale=scale
+    is_cascade = metadata.decode_shared_gather_index is not None
+    if metadata.decode_block_table is not None:
+        if kv_scales:
+            raise ValueError("the native decode kernel reads bf16 caches, not int8 ones")
+        own, own_lse = paged_decode_kernel.paged_decode_attention(
+            grouped_q.contiguous(),
+            k_cache,
+            v_cache,
+            metadata.decode_block_table,
+            metadata.decode_context_lens,
+            scale,
+            with_lse=is_cascade,
         )
-        return o.reshape(num_decodes, num_heads, head_dim)
-    if metadata.decode_mask is not None and metadata.decode_additive_mask is None:
-        metadata.decode_additive_mask = torch.zeros(
-            metadata.decode_mask.shape, dtype=q.dtype, device=q.device
-        ).masked_fill_(~metadata.decode_mask, float("-inf"))
-    own, own_lse = _flash_attention_with_lse(
-        grouped_q, keys, values, attn_mask=metadata.decode_additive_mask, scale=scale
-    )
+        if not is_cascade:
+            return own.to(q.dtype).reshape(num_decodes, num_heads, head_dim)
+    else:
+        keys, values = _gather_decode_kv(
+            k_cache, v_cache, metadata, num_decodes, q.dtype, kv_scales
+        )
+        if not is_cascade:
+            o = F.scaled_dot_product_attention(
+                grouped_q, keys, values, attn_mask=metadata.decode_mask, scale=scale
+            )
+            return o.reshape(num_decodes, num_heads, head_dim)
+        if metadata.decode_mask is not None and metadata.decode_additive_mask is None:
+            metadata.decode_additive_mask = torch.zeros(
+                metadata.decode_mask.shape, dtype=q.dtype, device=q.device
+            ).masked_fill_(~metadata.decode_mask, float("-inf"))
+        own, own_lse = _flash_attention_with_lse(
+            grouped_q, keys, values, attn_mask=metadata.decode_additive_mask, scale=scale
+        )
     # The shared blocks: one sequence's worth of keys/values, attended by every decode's queries
     # as one long query axis per KV head: [1, kv_heads, seqs * group, dim].
     shared_index = metadata.decode_shared_gather_index

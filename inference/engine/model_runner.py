@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from inference.engine import paged_decode_kernel
 from inference.engine.attention import build_attention_metadata
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.loader import load_model
@@ -82,6 +83,14 @@ class ModelRunner:
             spec, budget_bytes=kv_cache_bytes, max_model_len=self.max_model_len, device=device
         )
         self.num_kv_blocks = self.kv_cache.num_blocks
+        # Decode attention straight from the paged cache (bf16 on CPUs with AVX-512 BF16).
+        self.uses_decode_kernel = not spec.is_quantized and paged_decode_kernel.supports(
+            dtype, self.device, args.num_heads, args.num_kv_heads, args.head_dim, block_size
+        )
+        logger.info(
+            "decode attention: %s",
+            "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
+        )
 
     def execute(self, entries: list[BatchEntry]) -> torch.Tensor:
         """float32 logits [sum of num_logits, vocab_size]: each entry's last token(s), in order."""
@@ -103,6 +112,7 @@ class ModelRunner:
                 block_size=self.block_size,
                 num_kv_heads=self.model.args.num_kv_heads,
                 device=self.device,
+                decode_kernel=self.uses_decode_kernel,
             )
             input_ids = torch.tensor(
                 list(itertools.chain.from_iterable(e.token_ids for e in ordered)),

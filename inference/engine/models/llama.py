@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine import native_rms_norm
 from inference.engine.attention import AttentionMetadata, paged_attention
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -171,13 +172,24 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(norm(x), None), or with the residual stream: (norm(x + residual), x + residual).
+
+        Adding the residual here lets bf16 on CPU do both in one native call (see
+        native_rms_norm.py), which then updates `residual` in place.
+        """
+        if native_rms_norm.supports(x, self.weight):
+            return native_rms_norm.add_rms_norm(x, residual, self.weight, self.eps), residual
+        if residual is not None:
+            x = residual = residual + x
         # NOTE: normalised in float32 and rounded before the weight is applied, as transformers
         # does. (F.rms_norm is bitwise the same but no faster on CPU: it is not fused there.)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return self.weight * x.to(dtype), residual
 
 
 class Attention(nn.Module):
@@ -241,13 +253,25 @@ class DecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, ...],
         metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, kv_cache, metadata)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(this layer's MLP output, the residual stream before it is added).
+
+        NOTE: each residual add happens inside the next norm (x + residual, then the norm), so
+        the stream's values and rounding are transformers' (x = x + sublayer(norm(x))).
+        """
+        if residual is None:  # the first layer: x is the embeddings
+            hidden, _ = self.input_layernorm(x)
+            residual = x
+        else:
+            hidden, residual = self.input_layernorm(x, residual)
+        hidden = self.self_attn(hidden, cos, sin, kv_cache, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaForCausalLM(nn.Module):
@@ -279,9 +303,10 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states [num_tokens, hidden] after the final norm, for a flat token batch."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, metadata)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, kv_cache, metadata)
+        return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:

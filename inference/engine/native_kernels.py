@@ -1,0 +1,128 @@
+"""Native CPU kernels: C sources in `csrc/`, compiled once per machine and loaded with ctypes.
+
+The kernels are an optional fast path: when a CPU lacks the instructions they need, no C
+compiler is installed, the build fails, or `CACHET_NATIVE_KERNELS=0` is set, `load_kernel`
+returns None and the engine keeps its PyTorch implementation (the log says why, once).
+
+Why ctypes and not a PyTorch C++ extension: the sources are plain C over raw pointers, so a
+build takes ~2 s with the system compiler and needs neither PyTorch's headers nor ninja. The
+libraries are built with `-march=native` for the machine they run on and cached under
+`$XDG_CACHE_HOME/cachet/kernels` (default `~/.cache/cachet/kernels`; a temporary directory when
+that is not writable), keyed by a hash of the source, the flags, the compiler's version and the
+CPU's flags, so a home directory shared between machines never loads a library built for
+another CPU. OpenMP: the library links
+libgomp by its soname, which resolves to the copy PyTorch has already loaded into the process,
+so both share one thread pool.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+SOURCE_DIR = Path(__file__).parent / "csrc"
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+COMPILE_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True, slots=True)
+class KernelSpec:
+    source: str  # file name in csrc/
+    required_cpu_flags: tuple[str, ...]  # as /proc/cpuinfo spells them
+
+
+KERNELS = {
+    "paged_decode_attention": KernelSpec(
+        "paged_decode_attention.c", ("avx512f", "avx512bw", "avx512_bf16")
+    ),
+    "rms_norm": KernelSpec("rms_norm.c", ("avx512f", "avx512bw", "avx512_bf16")),
+}
+
+
+def native_kernels_enabled() -> bool:
+    return os.environ.get("CACHET_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no")
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux x86-64); empty elsewhere."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return frozenset()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            for line in cpuinfo:
+                if line.startswith("flags"):
+                    return frozenset(line.partition(":")[2].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def kernel_cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "cachet" / "kernels"
+
+
+@functools.cache
+def load_kernel(name: str) -> ctypes.CDLL | None:
+    """The compiled library of kernel `name` (see `KERNELS`), or None where it cannot run."""
+    spec = KERNELS[name]
+    if not native_kernels_enabled():
+        logger.info("native kernel %s disabled by CACHET_NATIVE_KERNELS", name)
+        return None
+    missing = [flag for flag in spec.required_cpu_flags if flag not in cpu_flags()]
+    if missing:
+        logger.info("native kernel %s not used: the CPU lacks %s", name, ", ".join(missing))
+        return None
+    try:
+        return ctypes.CDLL(str(_build(spec)))
+    except (OSError, subprocess.SubprocessError) as error:
+        logger.warning("native kernel %s unavailable, using PyTorch instead: %s", name, error)
+        return None
+
+
+def _build(spec: KernelSpec) -> Path:
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise OSError(f"no C compiler {compiler!r} on PATH")
+    source = SOURCE_DIR / spec.source
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    key = hashlib.sha256()
+    for part in (source.read_bytes(), " ".join(COMPILE_FLAGS).encode(), version.encode()):
+        key.update(part)
+    key.update(" ".join(sorted(cpu_flags())).encode())
+    library = kernel_cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
+    if library.exists():
+        return library
+    try:
+        library.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        # NOTE: no writable cache (a service user without a home): build for this process only.
+        library = Path(tempfile.mkdtemp(prefix="cachet-kernels-")) / library.name
+    # NOTE: built under a temporary name and renamed: processes starting together (server
+    # workers, test runners) never load a half-written library.
+    with tempfile.TemporaryDirectory(dir=library.parent) as work_dir:
+        partial = Path(work_dir) / library.name
+        result = subprocess.run(
+            [compiler, *COMPILE_FLAGS, "-o", str(partial), str(source)],
+            capture_output=True,
+            text=True,
+            timeout=COMPILE_TIMEOUT_S,
+        )
+        if result.returncode != 0:
+            raise OSError(f"{compiler} failed on {source.name}: {result.stderr.strip()[-2000:]}")
+        os.replace(partial, library)
+    logger.info("built native kernel %s", library)
+    return library
