@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from inference.engine import paged_decode_kernel
+from inference.engine.amx_linear import can_use_amx, pack_model_for_amx
 from inference.engine.attention import build_attention_metadata
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.loader import load_model
@@ -60,8 +61,10 @@ class ModelRunner:
     ) -> None:
         loaded = load_model(model_dir, dtype=dtype, device=device)
         self.model = quantize_model(loaded.model, quantization, quantization_group_size)
+        if quantization == "none" and can_use_amx(dtype, device):
+            pack_model_for_amx(self.model)
         if quantization == "none" and can_pack(dtype, device):
-            pack_linear_layers(self.model)
+            pack_linear_layers(self.model)  # oneDNN: what AMX does not take (or no AMX)
         self.quantization = quantization
         self.weight_bytes = model_weight_bytes(self.model)
         self.hf_config = loaded.hf_config
