@@ -222,8 +222,11 @@ def paged_attention(
     *,
     scale: float,
     kv_scales: tuple[torch.Tensor, ...] = (),
+    is_kv_stored: bool = False,
 ) -> torch.Tensor:
     """Store k/v [num_tokens, num_kv_heads, head_dim] in the cache, then attend.
+
+    `is_kv_stored`: the caller already wrote k/v to the cache (native_rotary.py).
 
     q is [num_tokens, num_heads, head_dim]; returns [num_tokens, num_heads, head_dim]. Query head
     h uses KV head h // (num_heads // num_kv_heads), as in transformers' repeat_kv.
@@ -231,10 +234,10 @@ def paged_attention(
     caches int8: written quantized, read dequantized to q's dtype (see kv_cache.py).
     """
     num_tokens, num_heads, head_dim = q.shape
-    if kv_scales:
+    if kv_scales and not is_kv_stored:
         _write_quantized(k_cache, kv_scales[0], k, metadata.write_index)
         _write_quantized(v_cache, kv_scales[1], v, metadata.write_index)
-    else:
+    elif not is_kv_stored:
         k_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, k.reshape(-1, head_dim))
         v_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, v.reshape(-1, head_dim))
 

@@ -47,6 +47,7 @@ KERNELS = {
         "paged_decode_attention.c", ("avx512f", "avx512bw", "avx512_bf16")
     ),
     "rms_norm": KernelSpec("rms_norm.c", ("avx512f", "avx512bw", "avx512_bf16")),
+    "rotary_store": KernelSpec("rotary_store.c", ("avx512f", "avx512bw", "avx512_bf16")),
     "linear_bf16": KernelSpec(
         "linear_bf16.c", ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
     ),

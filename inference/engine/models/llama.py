@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine import native_rms_norm
+from inference.engine import native_rms_norm, native_rotary
 from inference.engine.attention import AttentionMetadata, paged_attention
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -216,14 +216,35 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
-        # NOTE: q and k sit side by side in each row, so one rotation covers both.
-        qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
-        qk = apply_rotary(qk, cos, sin)
-        q = qk[:, : self.num_heads]
-        k = qk[:, self.num_heads :]
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        is_stored = len(kv_cache) == 2 and native_rotary.supports(qkv, kv_cache[0], self.head_dim)
+        if is_stored:  # bf16 cache on CPU: rotation and cache write in one native call
+            q, k = native_rotary.rotate_and_store(
+                qkv,
+                cos,
+                sin,
+                *kv_cache,
+                metadata.write_index,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+            )
+        else:
+            # NOTE: q and k sit side by side in each row, so one rotation covers both.
+            qk = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
+            qk = apply_rotary(qk, cos, sin)
+            q = qk[:, : self.num_heads]
+            k = qk[:, self.num_heads :]
         out = paged_attention(
-            q, k, v, kv_cache[0], kv_cache[1], metadata, scale=self.scale, kv_scales=kv_cache[2:]
+            q,
+            k,
+            v,
+            kv_cache[0],
+            kv_cache[1],
+            metadata,
+            scale=self.scale,
+            kv_scales=kv_cache[2:],
+            is_kv_stored=is_stored,
         )
         return self.o_proj(out.view(num_tokens, self.q_size))
 
