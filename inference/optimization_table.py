@@ -227,10 +227,12 @@ def build_table(
         if key not in perplexities:
             perplexities[key] = quality(model_dir, text_ids, row.settings)
         result["perplexity"] = round(perplexities[key], 4)
-    reference = perplexities[("none", "auto")]
+        # NOTE: from the unrounded value, so the reference's own row reads +0.0%, not -0.0%
+        result["perplexity_change"] = round(
+            perplexities[key] / perplexities[("none", "auto")] - 1, 4
+        )
     baseline = measured[0]
     for result in measured:
-        result["perplexity_change"] = round(result["perplexity"] / reference - 1, 4)
         result["single_tok_s_vs_baseline"] = _ratio(
             result["single_tok_s"], baseline["single_tok_s"]
         )
