@@ -152,7 +152,11 @@ int linear_bf16_amx(const uint16_t *x, const uint16_t *packed, const uint16_t *b
 #pragma omp parallel num_threads(threads)
     {
         int configured_rows = -1;
-#pragma omp for schedule(static)
+        /* NOTE: dynamic, not static: when the web stack takes one of the cores for a moment,
+         * the other thread takes the remaining blocks instead of waiting for it at the end
+         * (measured with api.bench, 32 SSE streams against the engine alone on 2 cores:
+         * 0.70 of the engine's throughput with static blocks, 1.0 with dynamic ones). */
+#pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < num_items; ++item) {
             /* column blocks vary fastest: a thread walks its weights once per row block */
             const int64_t row0 = (item / col_blocks) * 2 * TILE_ROWS;
