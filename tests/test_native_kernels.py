@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 
 import pytest
 
@@ -12,8 +14,9 @@ from inference.engine.native_kernels import KERNELS, load_kernel
 KERNEL = "paged_decode_attention"
 ALL_NEEDED_FLAGS = frozenset(KERNELS[KERNEL].required_cpu_flags)
 needs_cpu = pytest.mark.skipif(
-    not set(KERNELS[KERNEL].required_cpu_flags) <= native_kernels.cpu_flags(),
-    reason=f"this CPU lacks {KERNELS[KERNEL].required_cpu_flags}",
+    not set(KERNELS[KERNEL].required_cpu_flags) <= native_kernels.cpu_flags()
+    or shutil.which(os.environ.get("CC") or "cc") is None,
+    reason=f"needs a CPU with {KERNELS[KERNEL].required_cpu_flags} and a C compiler",
 )
 
 
@@ -88,3 +91,16 @@ def test_the_environment_can_turn_native_kernels_off(fresh_cache, monkeypatch, v
     monkeypatch.setenv("CACHET_NATIVE_KERNELS", value)
     assert load_kernel(KERNEL) is None
     assert not fresh_cache.exists()
+
+
+@needs_cpu
+def test_preload_builds_every_kernel_the_cpu_can_run(fresh_cache):
+    loaded = native_kernels.preload()
+    assert "paged_decode_attention" in loaded and "rms_norm" in loaded
+    expected = [
+        name
+        for name, spec in KERNELS.items()
+        if set(spec.required_cpu_flags) <= native_kernels.cpu_flags()
+    ]
+    assert loaded == expected
+    assert len(list(fresh_cache.glob("*.so"))) == len(expected)

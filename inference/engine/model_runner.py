@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from inference.engine import paged_decode_kernel
+from inference.engine import native_kernels, paged_decode_kernel
 from inference.engine.amx_linear import can_use_amx, pack_model_for_amx
 from inference.engine.attention import build_attention_metadata
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
@@ -59,6 +59,8 @@ class ModelRunner:
         quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE,
         kv_cache_dtype: str = "auto",
     ) -> None:
+        if torch.device(device).type == "cpu":
+            native_kernels.preload()  # a first build happens now, not in the first request
         loaded = load_model(model_dir, dtype=dtype, device=device)
         self.model = quantize_model(loaded.model, quantization, quantization_group_size)
         if quantization == "none" and can_use_amx(dtype, device):

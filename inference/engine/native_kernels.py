@@ -95,14 +95,28 @@ def load_kernel(name: str) -> ctypes.CDLL | None:
         return None
 
 
+def preload() -> list[str]:
+    """Build (if needed) and load every kernel this machine can run; returns their names.
+
+    Called when a model is loaded, so that a first build (seconds) happens at start-up and not
+    inside the first request.
+    """
+    return [name for name in KERNELS if load_kernel(name) is not None]
+
+
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    return subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+
+
 def _build(spec: KernelSpec) -> Path:
     compiler = os.environ.get("CC") or "cc"
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler {compiler!r} on PATH")
     source = SOURCE_DIR / spec.source
-    version = subprocess.run(
-        [compiler, "--version"], capture_output=True, text=True, timeout=30, check=True
-    ).stdout
+    version = _compiler_version(compiler)
     key = hashlib.sha256()
     for part in (source.read_bytes(), " ".join(COMPILE_FLAGS).encode(), version.encode()):
         key.update(part)
