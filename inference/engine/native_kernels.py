@@ -26,8 +26,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +95,19 @@ def load_kernel(name: str) -> ctypes.CDLL | None:
     except (OSError, subprocess.SubprocessError) as error:
         logger.warning("native kernel %s unavailable, using PyTorch instead: %s", name, error)
         return None
+
+
+def load_function(
+    name: str, symbol: str, argtypes: list[type], restype: type | None = ctypes.c_int
+) -> Callable[..., Any] | None:
+    """Function `symbol` of kernel `name`, typed for ctypes, or None where it cannot run."""
+    library = load_kernel(name)
+    if library is None:
+        return None
+    function = getattr(library, symbol)
+    function.argtypes = argtypes
+    function.restype = restype
+    return function
 
 
 def preload() -> list[str]:

@@ -15,27 +15,25 @@ import functools
 
 import torch
 
-from inference.engine.native_kernels import load_kernel
+from inference.engine.native_kernels import load_function
 
 
 @functools.cache
 def _kernel():
-    library = load_kernel("rms_norm")
-    if library is None:
-        return None
-    function = library.add_rms_norm_bf16
-    function.argtypes = [
-        ctypes.c_void_p,  # x
-        ctypes.c_void_p,  # residual (or NULL)
-        ctypes.c_void_p,  # weight
-        ctypes.c_void_p,  # out
-        ctypes.c_int64,  # rows
-        ctypes.c_int64,  # hidden
-        ctypes.c_float,  # eps
-        ctypes.c_int,  # num_threads
-    ]
-    function.restype = ctypes.c_int
-    return function
+    return load_function(
+        "rms_norm",
+        "add_rms_norm_bf16",
+        [
+            ctypes.c_void_p,  # x
+            ctypes.c_void_p,  # residual (or NULL)
+            ctypes.c_void_p,  # weight
+            ctypes.c_void_p,  # out
+            ctypes.c_int64,  # rows
+            ctypes.c_int64,  # hidden
+            ctypes.c_float,  # eps
+            ctypes.c_int,  # num_threads
+        ],
+    )
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -15,18 +15,15 @@ import functools
 
 import torch
 
-from inference.engine.native_kernels import load_kernel
+from inference.engine.native_kernels import load_function
 
 
 @functools.cache
 def _kernel():
-    library = load_kernel("rotary_store")
-    if library is None:
-        return None
-    function = library.rotary_store_bf16
-    function.argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-    function.restype = ctypes.c_int
-    return function
+    # qkv, cos, sin, k_cache, v_cache, write_index, q_out, k_out; tokens, num_heads,
+    # num_kv_heads, head_dim; num_threads
+    argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+    return load_function("rotary_store", "rotary_store_bf16", argtypes)
 
 
 def supports(qkv: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> bool:

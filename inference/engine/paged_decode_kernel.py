@@ -18,7 +18,7 @@ import math
 
 import torch
 
-from inference.engine.native_kernels import load_kernel
+from inference.engine.native_kernels import load_function
 
 # Enough work items per thread to even out partitions of unequal length.
 ITEMS_PER_THREAD = 8
@@ -50,13 +50,7 @@ _ARGTYPES = [
 
 @functools.cache
 def _kernel():
-    library = load_kernel("paged_decode_attention")
-    if library is None:
-        return None
-    function = library.paged_decode_attention_bf16
-    function.argtypes = _ARGTYPES
-    function.restype = ctypes.c_int
-    return function
+    return load_function("paged_decode_attention", "paged_decode_attention_bf16", _ARGTYPES)
 
 
 def supports(
