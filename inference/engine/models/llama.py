@@ -6,8 +6,10 @@ one sequence ends (see `attention.py`). q/k/v and gate/up are fused into one lin
 GEMM instead of three (two) reads the activations once and pays the per-call overhead once.
 
 Numerics follow transformers' eager implementation op for op (RMSNorm in float32, RoPE tables in
-float32 cast to the model dtype, unfused residual adds), so greedy output can be compared token
-for token.
+float32 cast to the model dtype, each residual add rounded to the model dtype), so greedy output
+can be compared token for token. For bf16 on CPU, the residual add + norm and the rotation +
+KV-cache write run as native kernels that round the same way (native_rms_norm.py,
+native_rotary.py).
 """
 
 from __future__ import annotations
