@@ -55,6 +55,12 @@ def test_leading_dimensions_are_kept():
     assert AmxLinear(linear.weight, None)(x).shape == (2, 3, 32)
 
 
+def test_an_input_of_the_wrong_width_is_refused_before_the_kernel_reads_it():
+    layer = AmxLinear(bf16_linear(64, 32, bias=False).weight, None)
+    with pytest.raises(ValueError, match="input of 96 features"):
+        layer(torch.zeros(2, 96, dtype=torch.bfloat16))
+
+
 def test_rows_read_back_from_the_packed_layout_are_the_original_weight_rows():
     linear = bf16_linear(96, 64, bias=False)
     layer = AmxLinear(linear.weight, None)

@@ -74,26 +74,36 @@ class AmxLinear(nn.Module):
         self.register_buffer("packed_weight", packed, persistent=False)
         bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
         self.register_buffer("bias", bias, persistent=False)
+        # NOTE: the kernel and the weight pointers resolved once: a decode step makes ~120 of
+        # these calls, and module buffer lookups plus data_ptr() were a third of their Python
+        # cost. The buffers are never replaced (a packed model stays on its CPU).
+        self._matmul = _library().linear_bf16_amx
+        self._weight_ptr = packed.data_ptr()
+        self._bias_ptr = None if bias is None else bias.data_ptr()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype != torch.bfloat16:
             return F.linear(x, self.weight_rows(torch.arange(self.out_features)).to(x.dtype))
-        shape = x.shape
-        rows = x.reshape(-1, self.in_features).contiguous()
-        out = rows.new_empty(rows.shape[0], self.out_features)
-        status = _library().linear_bf16_amx(
-            rows.data_ptr(),
-            self.packed_weight.data_ptr(),
-            None if self.bias is None else self.bias.data_ptr(),
+        if x.dim() != 2 or not x.is_contiguous():
+            rows = x.reshape(-1, self.in_features).contiguous()
+            return self.forward(rows).view(*x.shape[:-1], self.out_features)
+        num_rows, width = x.shape
+        if width != self.in_features:
+            raise ValueError(f"input of {width} features for {self}")
+        out = torch.empty(num_rows, self.out_features, dtype=torch.bfloat16)
+        status = self._matmul(
+            x.data_ptr(),
+            self._weight_ptr,
+            self._bias_ptr,
             out.data_ptr(),
-            rows.shape[0],
+            num_rows,
             self.out_features,
             self.in_features,
             torch.get_num_threads(),
         )
         if status != 0:
-            raise RuntimeError(f"AMX linear refused {list(rows.shape)} x {self.extra_repr()}")
-        return out.view(*shape[:-1], self.out_features)
+            raise RuntimeError(f"AMX linear refused [{num_rows}, {self.in_features}]: {self}")
+        return out
 
     def weight_rows(self, row_ids: torch.Tensor) -> torch.Tensor:
         """Rows `row_ids` (any shape) of W, as they were before packing: [*shape, in]."""
