@@ -222,17 +222,18 @@ def build_table(
 
     text_ids = tokenizer(QUALITY_TEXT.read_text())["input_ids"][: workload.quality_tokens]
     perplexities: dict[tuple[str, str], float] = {}
+    row_perplexities = []
     for row, result in zip(rows, measured, strict=True):
         key = (row.settings.get("quantization", "none"), row.settings.get("kv_cache_dtype", "auto"))
         if key not in perplexities:
             perplexities[key] = quality(model_dir, text_ids, row.settings)
         result["perplexity"] = round(perplexities[key], 4)
-        # NOTE: from the unrounded value, so the reference's own row reads +0.0%, not -0.0%
-        result["perplexity_change"] = round(
-            perplexities[key] / perplexities[("none", "auto")] - 1, 4
-        )
+        row_perplexities.append(perplexities[key])
+    reference = perplexities[("none", "auto")]
     baseline = measured[0]
-    for result in measured:
+    # NOTE: changes from the unrounded values, so the reference's own row reads +0.0%, not -0.0%
+    for result, perplexity in zip(measured, row_perplexities, strict=True):
+        result["perplexity_change"] = round(perplexity / reference - 1, 4)
         result["single_tok_s_vs_baseline"] = _ratio(
             result["single_tok_s"], baseline["single_tok_s"]
         )

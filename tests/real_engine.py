@@ -1,4 +1,5 @@
-"""Real-model helpers for engine tests: a float32 runner, and a runner view with fewer blocks."""
+"""Real-model helpers for engine tests: float32 and bfloat16 runners, and a runner view with
+fewer blocks."""
 
 from __future__ import annotations
 
@@ -9,11 +10,20 @@ import torch
 
 def float32_runner(model_dir: Path, *, kv_cache_mb: int, max_model_len: int):
     """The real model in float32 (exact equality holds), 16-token blocks."""
+    return _runner(model_dir, torch.float32, kv_cache_mb, max_model_len)
+
+
+def bfloat16_runner(model_dir: Path, *, kv_cache_mb: int, max_model_len: int):
+    """The real model in bfloat16 (the native CPU kernels' dtype), 16-token blocks."""
+    return _runner(model_dir, torch.bfloat16, kv_cache_mb, max_model_len)
+
+
+def _runner(model_dir: Path, dtype: torch.dtype, kv_cache_mb: int, max_model_len: int):
     from inference.engine.model_runner import ModelRunner
 
     return ModelRunner(
         model_dir,
-        dtype=torch.float32,
+        dtype=dtype,
         kv_cache_bytes=kv_cache_mb * 2**20,
         block_size=16,
         max_model_len=max_model_len,

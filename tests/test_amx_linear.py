@@ -18,6 +18,7 @@ from inference.engine.amx_linear import (
 from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.packed_linear import PackedLinear
 from inference.engine.quantization import model_weight_bytes
+from tests.real_engine import bfloat16_runner
 
 pytestmark = pytest.mark.skipif(
     not can_use_amx(torch.bfloat16, "cpu"),
@@ -139,13 +140,7 @@ def test_the_real_model_on_amx_predicts_like_the_onednn_model(
     prompt = real_tokenizer(text)["input_ids"]
 
     def predictions() -> tuple[torch.Tensor, torch.Tensor]:
-        runner = ModelRunner(
-            chat_model_dir,
-            dtype=torch.bfloat16,
-            kv_cache_bytes=16 << 20,
-            block_size=16,
-            max_model_len=256,
-        )
+        runner = bfloat16_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
         entry = BatchEntry(prompt, 0, list(range(16)), num_logits=len(prompt))
         logits = runner.execute([entry])
         return logits.log_softmax(-1), type(runner.model.layers[0].self_attn.o_proj)

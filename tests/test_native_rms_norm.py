@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from inference.engine import native_rms_norm
-from inference.engine.model_runner import BatchEntry, ModelRunner
+from inference.engine.model_runner import BatchEntry
 from inference.engine.models.llama import RMSNorm
+from tests.real_engine import bfloat16_runner
 
 needs_kernel = pytest.mark.skipif(
     not native_rms_norm.supports(torch.zeros(16, dtype=torch.bfloat16), torch.zeros(16).bfloat16()),
@@ -74,13 +75,7 @@ def test_real_model_bf16_logits_with_the_native_norm_match_the_op_by_op_norm(
     chat_model_dir, real_tokenizer, monkeypatch
 ):
     prompt = real_tokenizer("The history of the printing press begins in")["input_ids"]
-    runner = ModelRunner(
-        chat_model_dir,
-        dtype=torch.bfloat16,
-        kv_cache_bytes=16 << 20,
-        block_size=16,
-        max_model_len=256,
-    )
+    runner = bfloat16_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
     table = list(range(4))
     native_logits = runner.execute([BatchEntry(prompt, 0, table)])
     monkeypatch.setattr(native_rms_norm, "supports", lambda x, weight: False)

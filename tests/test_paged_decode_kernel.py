@@ -10,7 +10,8 @@ import torch
 
 from inference.engine import paged_decode_kernel
 from inference.engine.attention import build_attention_metadata, paged_attention
-from inference.engine.model_runner import BatchEntry, ModelRunner
+from inference.engine.model_runner import BatchEntry
+from tests.real_engine import bfloat16_runner
 
 pytestmark = pytest.mark.skipif(
     not paged_decode_kernel.supports(torch.bfloat16, torch.device("cpu"), 1, 1, 64, 16),
@@ -211,13 +212,8 @@ def test_real_model_decoding_through_the_kernel_is_as_accurate_as_the_gather_pat
         + list(range(100 + i * blocks_per_seq, 100 + (i + 1) * blocks_per_seq))
         for i in range(num_seqs)
     ]
-    runner = ModelRunner(
-        chat_model_dir,
-        dtype=torch.bfloat16,
-        kv_cache_bytes=128 << 20,
-        block_size=block_size,
-        max_model_len=1024,
-    )
+    runner = bfloat16_runner(chat_model_dir, kv_cache_mb=128, max_model_len=1024)
+    assert runner.block_size == block_size
     assert runner.uses_decode_kernel
 
     def decode(uses_kernel: bool) -> tuple[torch.Tensor, torch.Tensor]:

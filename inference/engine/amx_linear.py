@@ -19,12 +19,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine.native_kernels import load_kernel
+from inference.engine.native_kernels import load_function
 
 logger = logging.getLogger(__name__)
 
@@ -32,25 +34,32 @@ TILE_ROWS = 16  # output features per tile (csrc: TILE_ROWS)
 TILE_K = 32  # input features per tile step (csrc: TILE_K)
 
 
+@dataclass(frozen=True, slots=True)
+class _Kernel:
+    pack: Callable[..., None]  # pack_bf16_vnni(weight, packed, n, k)
+    matmul: Callable[..., int]  # linear_bf16_amx(x, packed, bias, out, m, n, k, num_threads)
+
+
 @functools.cache
-def _library():
-    library = load_kernel("linear_bf16")
-    if library is None:
+def _kernel() -> _Kernel | None:
+    request_permission = load_function("linear_bf16", "amx_request_permission", [])
+    if request_permission is None:
         return None
-    library.amx_request_permission.restype = ctypes.c_int
-    if library.amx_request_permission() != 0:
+    if request_permission() != 0:
         logger.warning("the kernel did not get AMX state from Linux; using oneDNN instead")
         return None
-    library.pack_bf16_vnni.argtypes = [ctypes.c_void_p, ctypes.c_void_p] + [ctypes.c_int64] * 2
-    library.pack_bf16_vnni.restype = None
-    library.linear_bf16_amx.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-    library.linear_bf16_amx.restype = ctypes.c_int
-    return library
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    return _Kernel(
+        pack=load_function("linear_bf16", "pack_bf16_vnni", [pointer, pointer, size, size], None),
+        matmul=load_function(
+            "linear_bf16", "linear_bf16_amx", [pointer] * 4 + [size] * 3 + [ctypes.c_int]
+        ),
+    )
 
 
 def can_use_amx(dtype: torch.dtype, device: torch.device | str) -> bool:
     """Whether `pack_model_for_amx` applies to a model of `dtype` on `device`."""
-    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and _library() is not None
+    return dtype == torch.bfloat16 and torch.device(device).type == "cpu" and _kernel() is not None
 
 
 def fits_amx(out_features: int, in_features: int) -> bool:
@@ -67,9 +76,7 @@ class AmxLinear(nn.Module):
             raise ValueError(f"weight {list(weight.shape)} does not fit AMX tiles")
         weight = weight.detach().to(torch.bfloat16).contiguous()
         packed = torch.empty_like(weight)
-        _library().pack_bf16_vnni(
-            weight.data_ptr(), packed.data_ptr(), self.out_features, self.in_features
-        )
+        _kernel().pack(weight.data_ptr(), packed.data_ptr(), self.out_features, self.in_features)
         # [out/16, in/2, 16, 2]: tile t holds output rows 16t..16t+15, pairs of input columns
         self.register_buffer("packed_weight", packed, persistent=False)
         bias = None if bias is None else bias.detach().to(torch.bfloat16).contiguous()
@@ -77,7 +84,7 @@ class AmxLinear(nn.Module):
         # NOTE: the kernel and the weight pointers resolved once: a decode step makes ~120 of
         # these calls, and module buffer lookups plus data_ptr() were a third of their Python
         # cost. The buffers are never replaced (a packed model stays on its CPU).
-        self._matmul = _library().linear_bf16_amx
+        self._matmul = _kernel().matmul
         self._weight_ptr = packed.data_ptr()
         self._bias_ptr = None if bias is None else bias.data_ptr()
 

@@ -163,9 +163,9 @@ def build_attention_metadata(
         else:
             decode_gather_index = decode_table[:, None, :] * num_kv_heads + heads[:, None]
             decode_gather_index = decode_gather_index.flatten().to(device)
-        if not decode_kernel and int(decode_lens.min()) != max_decode_context_len:
-            decode_mask = torch.arange(max_decode_context_len) < decode_lens[:, None]
-            decode_mask = decode_mask.view(num_decodes, 1, 1, -1).to(device)
+            if int(decode_lens.min()) != max_decode_context_len:
+                decode_mask = torch.arange(max_decode_context_len) < decode_lens[:, None]
+                decode_mask = decode_mask.view(num_decodes, 1, 1, -1).to(device)
 
     prefills = []
     starts = first_token.tolist()

@@ -59,7 +59,7 @@ class ModelRunner:
         quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE,
         kv_cache_dtype: str = "auto",
     ) -> None:
-        if torch.device(device).type == "cpu":
+        if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
             native_kernels.preload()  # a first build happens now, not in the first request
         loaded = load_model(model_dir, dtype=dtype, device=device)
         self.model = quantize_model(loaded.model, quantization, quantization_group_size)

@@ -10,9 +10,8 @@ libraries are built with `-march=native` for the machine they run on and cached 
 `$XDG_CACHE_HOME/cachet/kernels` (default `~/.cache/cachet/kernels`; a temporary directory when
 that is not writable), keyed by a hash of the source, the flags, the compiler's version and the
 CPU's flags, so a home directory shared between machines never loads a library built for
-another CPU. OpenMP: the library links
-libgomp by its soname, which resolves to the copy PyTorch has already loaded into the process,
-so both share one thread pool.
+another CPU. OpenMP: the library links libgomp by its soname, which resolves to the copy
+PyTorch has already loaded into the process, so both share one thread pool.
 """
 
 from __future__ import annotations
@@ -60,8 +59,9 @@ def native_kernels_enabled() -> bool:
     return os.environ.get("CACHET_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no")
 
 
+@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux x86-64); empty elsewhere."""
+    """The CPU's feature flags (Linux x86-64); empty elsewhere. Read once per process."""
     if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
         return frozenset()
     try:
