@@ -49,6 +49,9 @@ KERNELS = {
     ),
     "rms_norm": KernelSpec("rms_norm.c", ("avx512f", "avx512bw", "avx512_bf16")),
     "rotary_store": KernelSpec("rotary_store.c", ("avx512f", "avx512bw", "avx512_bf16")),
+    "int4_linear": KernelSpec(
+        "int4_linear.c", ("avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
+    ),
     "linear_bf16": KernelSpec(
         "linear_bf16.c", ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
     ),
