@@ -18,6 +18,7 @@ import torch
 from inference.engine import native_kernels, paged_decode_kernel
 from inference.engine.amx_linear import can_use_amx, pack_model_for_amx
 from inference.engine.attention import build_attention_metadata
+from inference.engine.fused_decode import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.loader import load_model
 from inference.engine.packed_linear import can_pack, pack_linear_layers
@@ -96,6 +97,10 @@ class ModelRunner:
             "decode attention: %s",
             "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
         )
+        if self.uses_decode_kernel:
+            self.model.fused_decode = FusedDecode.build(
+                self.model, self.kv_cache.layers, block_size
+            )
 
     def execute(self, entries: list[BatchEntry]) -> torch.Tensor:
         """float32 logits [sum of num_logits, vocab_size]: each entry's last token(s), in order."""

@@ -41,6 +41,8 @@ COMPILE_TIMEOUT_S = 120
 class KernelSpec:
     source: str  # file name in csrc/
     required_cpu_flags: tuple[str, ...]  # as /proc/cpuinfo spells them
+    # other files of csrc/ compiled into the same library (kernels the source calls)
+    linked_sources: tuple[str, ...] = ()
 
 
 KERNELS = {
@@ -54,6 +56,17 @@ KERNELS = {
     ),
     "linear_bf16": KernelSpec(
         "linear_bf16.c", ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
+    ),
+    "decode_layers": KernelSpec(
+        "decode_layers.c",
+        ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"),
+        linked_sources=(
+            "rms_norm.c",
+            "rotary_store.c",
+            "paged_decode_attention.c",
+            "linear_bf16.c",
+            "int4_linear.c",
+        ),
     ),
 }
 
@@ -134,9 +147,14 @@ def _build(spec: KernelSpec) -> Path:
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler {compiler!r} on PATH")
     source = SOURCE_DIR / spec.source
+    sources = [source, *(SOURCE_DIR / name for name in spec.linked_sources)]
     version = _compiler_version(compiler)
     key = hashlib.sha256()
-    for part in (source.read_bytes(), " ".join(COMPILE_FLAGS).encode(), version.encode()):
+    for part in (
+        *(path.read_bytes() for path in sources),
+        " ".join(COMPILE_FLAGS).encode(),
+        version.encode(),
+    ):
         key.update(part)
     key.update(" ".join(sorted(cpu_flags())).encode())
     library = kernel_cache_dir() / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -152,7 +170,7 @@ def _build(spec: KernelSpec) -> Path:
     with tempfile.TemporaryDirectory(dir=library.parent) as work_dir:
         partial = Path(work_dir) / library.name
         result = subprocess.run(
-            [compiler, *COMPILE_FLAGS, "-o", str(partial), str(source)],
+            [compiler, *COMPILE_FLAGS, "-o", str(partial), *map(str, sources)],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,

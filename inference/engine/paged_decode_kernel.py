@@ -74,6 +74,17 @@ def supports(
     )
 
 
+def context_partitions(
+    num_seqs: int, num_kv_heads: int, max_blocks: int, num_threads: int
+) -> tuple[int, int]:
+    """(blocks per partition, number of partitions) splitting contexts of up to `max_blocks`
+    blocks so that every thread gets ~ITEMS_PER_THREAD work items."""
+    wanted_parts = math.ceil(ITEMS_PER_THREAD * num_threads / (num_seqs * num_kv_heads))
+    max_parts = max(1, max_blocks // MIN_BLOCKS_PER_PARTITION)
+    blocks_per_part = math.ceil(max_blocks / max(1, min(wanted_parts, max_parts)))
+    return blocks_per_part, math.ceil(max_blocks / blocks_per_part)
+
+
 def paged_decode_attention(
     grouped_q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -104,11 +115,9 @@ def paged_decode_attention(
     block_table = block_table.contiguous()
     context_lens = context_lens.contiguous()
     num_threads = torch.get_num_threads()
-    max_blocks = block_table.shape[1]
-    wanted_parts = math.ceil(ITEMS_PER_THREAD * num_threads / (num_seqs * num_kv_heads))
-    max_parts = max(1, max_blocks // MIN_BLOCKS_PER_PARTITION)
-    blocks_per_part = math.ceil(max_blocks / max(1, min(wanted_parts, max_parts)))
-    num_parts = math.ceil(max_blocks / blocks_per_part)
+    blocks_per_part, num_parts = context_partitions(
+        num_seqs, num_kv_heads, block_table.shape[1], num_threads
+    )
 
     out = torch.empty(grouped_q.shape, dtype=torch.float32)
     lse = torch.empty(grouped_q.shape[:-1], dtype=torch.float32) if with_lse else None

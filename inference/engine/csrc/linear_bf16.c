@@ -13,6 +13,7 @@
  * Numerics: bf16 products summed in float32 (as oneDNN's bf16 GEMM), the bias added in float32,
  * the result rounded to bf16 (nearest even).
  */
+#define _GNU_SOURCE /* syscall() under -std=c11 */
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>

@@ -315,6 +315,9 @@ class LlamaForCausalLM(nn.Module):
             if args.tie_word_embeddings
             else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         )
+        # Set by ModelRunner where all layers can run a decode step in one native call
+        # (fused_decode.FusedDecode); None: the layers run one by one.
+        self.fused_decode = None
 
     def forward(
         self,
@@ -326,9 +329,13 @@ class LlamaForCausalLM(nn.Module):
         """Hidden states [num_tokens, hidden] after the final norm, for a flat token batch."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, x.dtype)
-        residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, residual = layer(x, residual, cos, sin, kv_cache, metadata)
+        fused = self.fused_decode
+        if fused is not None and fused.can_run(metadata, kv_caches, len(input_ids)):
+            x, residual = fused(x, cos, sin, metadata)
+        else:
+            residual = None
+            for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+                x, residual = layer(x, residual, cos, sin, kv_cache, metadata)
         return self.norm(x, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
