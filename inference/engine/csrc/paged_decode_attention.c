@@ -103,6 +103,20 @@ static inline __attribute__((always_inline)) void attend_partition(
         const uint16_t *values = v_cache + offset;
         const int64_t num_valid = token_end - tile_start < TILE ? token_end - tile_start : TILE;
         const __mmask16 valid = (__mmask16)((1u << num_valid) - 1u);
+        /* NOTE: the next tile usually lies in another block, where the hardware prefetcher
+         * cannot follow: ask for its keys and values now, while this tile computes. */
+        const int64_t next_start = tile_start + 2 * TILE;
+        if (next_start < token_end) {
+            const int64_t next_offset =
+                (block_table[next_start / block_size] * num_kv_heads + kv_head) * row_stride +
+                (next_start % block_size) * head_dim;
+            const char *next_keys = (const char *)(k_cache + next_offset);
+            const char *next_values = (const char *)(v_cache + next_offset);
+            for (int64_t line = 0; line < TILE * head_dim * 2; line += 64) {
+                _mm_prefetch(next_keys + line, _MM_HINT_T0);
+                _mm_prefetch(next_values + line, _MM_HINT_T0);
+            }
+        }
 
         uint32_t prob_pairs[MAX_GROUP][TILE / 2];
         for (int64_t g = 0; g < group; ++g) {
