@@ -11,9 +11,8 @@ It applies to bf16 models whose linear layers all run native kernels (AMX bf16, 
 the VNNI kernel) with a bf16 KV cache, and to steps made of single-token decodes only without
 a shared-prefix cascade; everything else (prefill, mixed steps, speculative verification, a
 cascade over a shared prefix, int8 weights or KV cache, float32) takes the module path.
-Results are the module path's: the same kernels in the same order on the same inputs, except
-silu(gate) * up, which is computed here in C (rounded to bf16 where PyTorch rounds, with
-another exp: equal up to rare last-bit differences).
+Results are the module path's bit for bit: the same kernels in the same order on the same
+inputs (tests/test_fused_decode.py).
 """
 
 from __future__ import annotations

@@ -57,6 +57,7 @@ KERNELS = {
     "linear_bf16": KernelSpec(
         "linear_bf16.c", ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
     ),
+    "silu_and_mul": KernelSpec("silu_and_mul.c", ("avx512f", "avx512bw", "avx512_bf16")),
     "decode_layers": KernelSpec(
         "decode_layers.c",
         ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"),
@@ -66,6 +67,7 @@ KERNELS = {
             "paged_decode_attention.c",
             "linear_bf16.c",
             "int4_linear.c",
+            "silu_and_mul.c",
         ),
     ),
 }

@@ -39,6 +39,8 @@ int linear_bf16_amx(const uint16_t *x, const uint16_t *packed, const uint16_t *b
 int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint32_t *scales_and_zeros,
                      uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
                      int64_t group_size, int num_threads);
+int silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width,
+                      int num_threads);
 
 enum { LINEAR_BF16_AMX = 0, LINEAR_INT4 = 1 };
 
@@ -69,43 +71,6 @@ static inline __m512 load_bf16x16(const uint16_t *src) {
 
 static inline void store_bf16x16(uint16_t *dst, __m512 x) {
     _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
-}
-
-/* e^x in float32 (relative error ~2e-7), for any x: clamped to [-87, 88] first. */
-static inline __m512 exp_ps(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-/* out [rows, width] = bf16(bf16(silu(gate)) * up) for gate_up [rows, 2 * width] = (gate | up),
- * rounding where F.silu(gate) * up rounds in bf16. */
-static void silu_and_mul(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width) {
-    const __m512 one = _mm512_set1_ps(1.0f);
-    for (int64_t row = 0; row < rows; ++row) {
-        const uint16_t *gate = gate_up + row * 2 * width;
-        const uint16_t *up = gate + width;
-        for (int64_t i = 0; i < width; i += 16) {
-            const __m512 g = load_bf16x16(gate + i);
-            const __m512 negated = _mm512_sub_ps(_mm512_setzero_ps(), g);
-            const __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(negated)));
-            const __m256i silu_bf16 = (__m256i)_mm512_cvtneps_pbh(silu);
-            const __m512 silu_rounded = _mm512_castsi512_ps(
-                _mm512_slli_epi32(_mm512_cvtepu16_epi32(silu_bf16), 16));
-            store_bf16x16(out + row * width + i,
-                          _mm512_mul_ps(silu_rounded, load_bf16x16(up + i)));
-        }
-    }
 }
 
 static void to_bf16(const float *src, uint16_t *dst, int64_t count) {
@@ -184,7 +149,8 @@ int decode_layers_bf16(const model_desc *model, const layer_desc *layers, uint16
                                    num_threads);
         if (status) goto done;
         if ((status = linear(&layer->gate_up, normed, gate_up, m, num_threads))) goto done;
-        silu_and_mul(gate_up, activation, m, model->intermediate);
+        status = silu_and_mul_bf16(gate_up, activation, m, model->intermediate, num_threads);
+        if (status) goto done;
         if ((status = linear(&layer->down, activation, x, m, num_threads))) goto done;
     }
     status = 0;

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine import native_rms_norm, native_rotary
+from inference.engine import native_rms_norm, native_rotary, native_silu_and_mul
 from inference.engine.attention import AttentionMetadata, paged_attention
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -261,7 +261,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if native_silu_and_mul.supports(gate_up):
+            return self.down_proj(native_silu_and_mul.silu_and_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
