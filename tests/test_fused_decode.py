@@ -110,3 +110,35 @@ def test_int8_weights_and_float32_models_keep_the_layer_by_layer_path(chat_model
     assert runner(chat_model_dir, "int8").model.fused_decode is None
     float32 = float32_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
     assert float32.model.fused_decode is None
+
+
+def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_runner):
+    generator = torch.Generator().manual_seed(5)
+    shared = torch.randint(100, 20_000, (160,), generator=generator).tolist()
+    sequences = []
+    for index in range(3):
+        own = torch.randint(100, 20_000, (90 + 40 * index,), generator=generator).tolist()
+        table = list(range(10)) + list(range(100 + 12 * index, 112 + 12 * index))
+        fused_runner.execute([BatchEntry(shared + own if index == 0 else own, 0 if index == 0
+                                         else 160, table)])  # fmt: skip
+        sequences.append((shared + own, table))
+    entries = [BatchEntry([7], len(tokens), table) for tokens, table in sequences]
+    for cascade in (True, False):
+        metadata = build_attention_metadata(
+            [1] * 3,
+            [len(tokens) for tokens, _ in sequences],
+            [table for _, table in sequences],
+            block_size=16,
+            num_kv_heads=3,
+            decode_kernel=True,
+            cascade=cascade,
+        )
+        assert (metadata.decode_shared_gather_index is not None) == cascade
+    fused = fused_runner.execute(entries)
+    saved, fused_runner.model.fused_decode = fused_runner.model.fused_decode, None
+    try:
+        cascade = fused_runner.execute(entries)  # the layer-by-layer path attends in cascade
+    finally:
+        fused_runner.model.fused_decode = saved
+    assert torch.equal(fused.argmax(-1), cascade.argmax(-1))
+    assert (fused - cascade).abs().max() < 0.05 * cascade.abs().max()

@@ -97,12 +97,15 @@ def build_attention_metadata(
     num_kv_heads: int,
     device: torch.device | str = "cpu",
     decode_kernel: bool = False,
+    cascade: bool = True,
 ) -> AttentionMetadata:
     """Index tensors for one step. Sequences with one query token must come first.
 
     Block tables may be longer than needed; only the blocks covering each context are used.
     `decode_kernel`: the decodes will be attended by the native kernel (the caller checked
     `paged_decode_kernel.supports`: a CPU bf16 cache that is not quantized).
+    `cascade`: decodes sharing leading blocks attend them once, together (CPU); False makes
+    every decode attend its whole context itself (what the fused decode path runs).
     """
     num_seqs = len(query_lens)
     num_decodes = 0
@@ -149,7 +152,7 @@ def build_attention_metadata(
         decode_table = table[:num_decodes, : max(num_blocks[:num_decodes])]
         decode_lens = computed[:num_decodes] + 1
         num_shared_blocks = 0
-        if torch.device(device).type == "cpu":
+        if cascade and torch.device(device).type == "cpu":
             num_shared_blocks = _num_shared_blocks(decode_table, decode_lens, block_size)
         if num_shared_blocks:
             shared_table = decode_table[0, :num_shared_blocks]
