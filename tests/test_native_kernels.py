@@ -46,10 +46,21 @@ def test_a_kernel_is_compiled_into_the_cache_once_and_then_reused(fresh_cache):
 @needs_cpu
 def test_a_changed_source_gets_a_library_of_its_own(fresh_cache, tmp_path, monkeypatch):
     assert load_kernel(KERNEL) is not None
-    source_dir = tmp_path / "csrc"
-    source_dir.mkdir()
-    original = (native_kernels.SOURCE_DIR / KERNELS[KERNEL].source).read_text()
-    (source_dir / KERNELS[KERNEL].source).write_text(original + "\n/* changed */\n")
+    source_dir = shutil.copytree(native_kernels.SOURCE_DIR, tmp_path / "csrc")
+    with open(source_dir / KERNELS[KERNEL].source, "a") as source:
+        source.write("\n/* changed */\n")
+    monkeypatch.setattr(native_kernels, "SOURCE_DIR", source_dir)
+    load_kernel.cache_clear()
+    assert load_kernel(KERNEL) is not None
+    assert len(list(fresh_cache.glob("paged_decode_attention-*.so"))) == 2
+
+
+@needs_cpu
+def test_a_changed_header_rebuilds_the_kernels_too(fresh_cache, tmp_path, monkeypatch):
+    assert load_kernel(KERNEL) is not None
+    source_dir = shutil.copytree(native_kernels.SOURCE_DIR, tmp_path / "csrc")
+    with open(source_dir / "bf16.h", "a") as header:
+        header.write("\n/* changed */\n")
     monkeypatch.setattr(native_kernels, "SOURCE_DIR", source_dir)
     load_kernel.cache_clear()
     assert load_kernel(KERNEL) is not None

@@ -150,10 +150,11 @@ def _build(spec: KernelSpec) -> Path:
         raise OSError(f"no C compiler {compiler!r} on PATH")
     source = SOURCE_DIR / spec.source
     sources = [source, *(SOURCE_DIR / name for name in spec.linked_sources)]
+    headers = sorted(SOURCE_DIR.glob("*.h"))  # included by the sources: part of the build
     version = _compiler_version(compiler)
     key = hashlib.sha256()
     for part in (
-        *(path.read_bytes() for path in sources),
+        *(path.read_bytes() for path in [*sources, *headers]),
         " ".join(COMPILE_FLAGS).encode(),
         version.encode(),
     ):

@@ -21,26 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-int add_rms_norm_bf16(const uint16_t *x, uint16_t *residual, const uint16_t *weight, uint16_t *out,
-                      int64_t rows, int64_t hidden, float eps, int num_threads);
-int rotary_store_bf16(const uint16_t *qkv, const uint16_t *cos, const uint16_t *sin,
-                      uint16_t *k_cache, uint16_t *v_cache, const int64_t *write_index,
-                      uint16_t *q_out, uint16_t *k_out, int64_t tokens, int64_t num_heads,
-                      int64_t num_kv_heads, int64_t head_dim, int num_threads);
-int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *k_cache,
-                                const uint16_t *v_cache, const int32_t *block_tables,
-                                int64_t table_stride, const int32_t *context_lens,
-                                int64_t num_seqs, int64_t num_kv_heads, int64_t group,
-                                int64_t head_dim, int64_t block_size, float scale,
-                                int64_t tokens_per_part, int64_t num_parts, float *out,
-                                float *lse, float *scratch, int num_threads);
-int linear_bf16_amx(const uint16_t *x, const uint16_t *packed, const uint16_t *bias,
-                    uint16_t *out, int64_t m, int64_t n, int64_t k, int num_threads);
-int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint32_t *scales_and_zeros,
-                     uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
-                     int64_t group_size, int num_threads);
-int silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width,
-                      int num_threads);
+#include "bf16.h"
+#include "kernels.h"
 
 enum { LINEAR_BF16_AMX = 0, LINEAR_INT4 = 1 };
 
@@ -63,15 +45,6 @@ typedef struct {
     int64_t num_layers, hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
     float eps, scale;
 } model_desc;
-
-static inline __m512 load_bf16x16(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline void store_bf16x16(uint16_t *dst, __m512 x) {
-    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
-}
 
 static void to_bf16(const float *src, uint16_t *dst, int64_t count) {
     for (int64_t i = 0; i < count; i += 16) store_bf16x16(dst + i, _mm512_loadu_ps(src + i));

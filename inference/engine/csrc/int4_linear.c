@@ -24,15 +24,13 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "bf16.h"
+#include "kernels.h"
+
 #define TILE_ROWS 64  /* output rows per tile (4 vectors of 16) */
 #define ROW_VECTORS 4
 #define BLOCK 32      /* activation columns per int8 block */
 #define STEP 8        /* columns per 64-byte load of a row vector */
-
-static inline __m512 load_bf16x16(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
 
 /*
  * One token's activations -> per block of 32 columns, two int8 codes per value and their two

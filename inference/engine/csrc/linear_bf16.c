@@ -20,6 +20,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "bf16.h"
+#include "kernels.h"
+
 #define TILE_ROWS 16   /* rows of x, or output columns, per tile */
 #define TILE_K 32      /* bf16 values of k per tile row (64 bytes) */
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -69,11 +72,6 @@ static void configure_tiles(int rows_a0, int rows_a1) {
         config.colsb[6 + a] = TILE_ROWS * 4;
     }
     _tile_loadconfig(&config);
-}
-
-static inline __m512 load_bf16x16(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
 /* rows x 16 float32 sums (+ bias) -> bf16 out[row][column0 ...] */

@@ -27,26 +27,12 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "bf16.h"
+#include "kernels.h"
+
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
 #define TILE 16
-
-/* e^x for x <= 0 (float32, relative error ~2e-7): 2^n * poly(r), x = n ln2 + r, |r| <= ln2/2. */
-static inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-100.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
 
 static inline __m512 add_pairs_ps(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
@@ -136,7 +122,7 @@ static inline __attribute__((always_inline)) void attend_partition(
             const float tile_max = _mm512_mask_reduce_max_ps(valid, scores);
             const float new_max = tile_max > running_max[g] ? tile_max : running_max[g];
             const __m512 probs = _mm512_maskz_mov_ps(
-                valid, exp_nonpositive(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+                valid, exp_ps(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
             if (new_max != running_max[g]) {
                 const float correction =
                     running_max[g] == -INFINITY ? 0.0f : expf(running_max[g] - new_max);

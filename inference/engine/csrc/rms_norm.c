@@ -14,20 +14,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-static inline __m512 load_bf16x16(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline __m512 round_to_bf16(__m512 x) {
-    __m256bh rounded = _mm512_cvtneps_pbh(x);
-    __m512i wide = _mm512_cvtepu16_epi32((__m256i)rounded);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline void store_bf16x16(uint16_t *dst, __m512 x) {
-    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(x));
-}
+#include "bf16.h"
+#include "kernels.h"
 
 /*
  * x, out: [rows, hidden] bf16; residual: [rows, hidden] bf16 or NULL; weight: [hidden] bf16.

@@ -10,18 +10,11 @@
  * is x*cos + swap_halves(x)*sin.
  */
 #include <immintrin.h>
+
+#include "bf16.h"
+#include "kernels.h"
 #include <stdint.h>
 #include <string.h>
-
-static inline __m512 load_bf16x16(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline __m512 round_to_bf16(__m512 x) {
-    __m512i wide = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(x));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
 
 static inline void rotate_head(const uint16_t *x, const uint16_t *cos, const uint16_t *sin,
                                uint16_t *out, int64_t head_dim) {

@@ -9,33 +9,8 @@
 #include <immintrin.h>
 #include <stdint.h>
 
-static inline __m512 load_bf16x16(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline __m512 round_to_bf16(__m512 x) {
-    __m256i rounded = (__m256i)_mm512_cvtneps_pbh(x);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(rounded), 16));
-}
-
-/* e^x in float32 (relative error ~2e-7); below -87 it is ~0, above 89 +inf (as expf), so
- * silu of a very negative gate is -0 like PyTorch's. */
-static inline __m512 exp_ps(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(89.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+#include "bf16.h"
+#include "kernels.h"
 
 /*
  * gate_up: [rows, 2 * width] bf16, each row the gate then the up projection;
