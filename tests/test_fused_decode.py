@@ -142,3 +142,8 @@ def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_run
         fused_runner.model.fused_decode = saved
     assert torch.equal(fused.argmax(-1), cascade.argmax(-1))
     assert (fused - cascade).abs().max() < 0.05 * cascade.abs().max()
+
+
+def test_the_environment_can_turn_the_fused_path_off(chat_model_dir, monkeypatch):
+    monkeypatch.setenv("CACHET_FUSED_DECODE", "0")
+    assert runner(chat_model_dir, "none").model.fused_decode is None

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 import torch
 from torch import nn
@@ -72,6 +73,11 @@ class _Model(ctypes.Structure):
         ("eps", ctypes.c_float),
         ("scale", ctypes.c_float),
     ]
+
+
+def fused_decode_enabled() -> bool:
+    """False when `CACHET_FUSED_DECODE` is 0/false/no: decode steps then run layer by layer."""
+    return os.environ.get("CACHET_FUSED_DECODE", "1").strip().lower() not in ("0", "false", "no")
 
 
 def _kernel():

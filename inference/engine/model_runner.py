@@ -18,7 +18,7 @@ import torch
 from inference.engine import native_kernels, paged_decode_kernel
 from inference.engine.amx_linear import can_use_amx, pack_model_for_amx
 from inference.engine.attention import build_attention_metadata
-from inference.engine.fused_decode import FusedDecode
+from inference.engine.fused_decode import FusedDecode, fused_decode_enabled
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.loader import load_model
 from inference.engine.packed_linear import can_pack, pack_linear_layers
@@ -97,7 +97,7 @@ class ModelRunner:
             "decode attention: %s",
             "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
         )
-        if self.uses_decode_kernel:
+        if self.uses_decode_kernel and fused_decode_enabled():
             self.model.fused_decode = FusedDecode.build(
                 self.model, self.kv_cache.layers, block_size
             )
