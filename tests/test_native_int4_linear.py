@@ -12,6 +12,7 @@ from inference.engine.native_int4_linear import (
     fits_native_int4,
     native_int4_available,
     pack_int4_vnni,
+    quantize_int4_vnni,
     unpack_int4_vnni,
     unpack_int4_vnni_rows,
 )
@@ -93,22 +94,52 @@ def test_a_wrong_input_width_is_refused_before_the_kernel_reads():
         layer._native_matmul(torch.randn(1, 32).bfloat16())
 
 
+def test_quantization_fits_at_least_as_well_as_plain_min_max_groups():
+    generator = torch.Generator().manual_seed(3)
+    groups = torch.randn(128, 6, 32, generator=generator) * 0.05
+    groups[0, 0] = torch.linspace(0.01, 0.2, 32)  # one-signed groups: widened to reach 0
+    groups[1, 0] = -torch.linspace(0.01, 0.2, 32)
+    codes, scales, zero_points = quantize_int4_vnni(groups)
+    assert codes.dtype == torch.uint8 and int(codes.max()) <= 15
+    assert scales.shape == zero_points.shape == (6, 128)
+    assert scales.dtype == torch.bfloat16 and zero_points.dtype == torch.uint8
+    step = scales.T.float()[..., None]  # [rows, groups, 1]
+    restored = step * (codes.float() - zero_points.T.float()[..., None] / 16)
+    # min/max groups with float32 scale and zero, no grid: what the fit must not lose to
+    low, high = groups.amin(-1, keepdim=True), groups.amax(-1, keepdim=True)
+    plain_step = (high - low) / 15
+    plain = torch.round((groups - low) / plain_step) * plain_step + low
+    fitted_error = (restored - groups).pow(2).mean()
+    assert fitted_error <= 1.05 * (plain - groups).pow(2).mean()
+    assert ((restored - groups)[:2, 0].abs() <= step[:2, 0]).all()
+
+
 @needs_kernel
-def test_the_dequantizing_path_reads_the_native_layout_like_pytorchs(monkeypatch):
+def test_rows_looked_up_by_id_are_the_dequantized_rows():
+    layer = int4_layer(128, 96, 32)
+    assert layer.is_native
+    ids = torch.tensor([[3, 64], [127, 0]])
+    assert torch.equal(
+        layer.dequantize_row_ids(ids, torch.bfloat16),
+        layer.dequantize_rows(0, 128, torch.bfloat16)[ids],
+    )
+
+
+@needs_kernel
+def test_the_native_format_takes_three_quarters_of_the_bytes_of_pytorchs_per_group(monkeypatch):
     native = int4_layer(128, 96, 32)
     monkeypatch.setattr(quantization, "native_int4_available", lambda: False)
     portable = int4_layer(128, 96, 32)
-    assert native.is_native and not portable.is_native
-    assert torch.equal(native.scales_and_zeros, portable.scales_and_zeros)
-    for dtype in (torch.bfloat16, torch.float32):
-        assert torch.equal(
-            native.dequantize_rows(0, 128, dtype), portable.dequantize_rows(0, 128, dtype)
-        )
-    ids = torch.tensor([[3, 64], [127, 0]])
-    assert torch.equal(
-        native.dequantize_row_ids(ids, torch.bfloat16),
-        portable.dequantize_row_ids(ids, torch.bfloat16),
-    )
+    assert not portable.is_native
+    native_bytes = native.scales.nbytes + native.zero_points.nbytes
+    assert native_bytes * 4 == portable.scales_and_zeros.nbytes * 3
+    assert native.weight_int4.nbytes == portable.weight_int4.nbytes
+    # the zero point's grid costs (almost) nothing against the 4-bit rounding itself
+    generator = torch.Generator().manual_seed(128 * 7 + 96)
+    weights = (torch.randn(128, 96, generator=generator) * 0.05).bfloat16().float()
+    native_error = relative_error(native.dequantize_rows(0, 128, torch.float32), weights)
+    portable_error = relative_error(portable.dequantize_rows(0, 128, torch.float32), weights)
+    assert native_error < 1.05 * portable_error < 0.1
 
 
 def test_float32_layers_and_unaligned_widths_keep_pytorchs_layout():

@@ -14,11 +14,11 @@ first difference / identical answers): int8 0.570 / 17 of 50, int4 0.661 / 18, i
 barely moves. int4 in groups of 32 beats per-channel int8 here because the bundled weights come
 from a Q4_1 GGUF, whose blocks are exactly such groups (groups of 64 measured far worse).
 
-Measured again (2026-11-30, Intel Xeon with AMX) with int4 decoding on the native kernel
-(native_int4_linear.py: the 50-sequence greedy batch runs it; the 256-token prefill chunks of
-the perplexity run dequantize): int4 perplexity +0.36%, greedy agreement 0.716, 21 of 50
-identical. With one int8 code per activation instead of two it was +1.59% (prefill on the kernel
-too), 0.463 and 7 of 50.
+Measured again (2026-11-30, Intel Xeon with AMX) with int4 in the native kernel's format and
+decoding on it (native_int4_linear.py: the 50-sequence greedy batch runs the kernel; the
+256-token prefill chunks of the perplexity run dequantize): int4 perplexity +0.48%, greedy
+agreement 0.774, 26 of 50 identical. In PyTorch's format on the same kernel: +0.36%, 0.716,
+21 of 50; with one int8 code per activation instead of two: +1.59%, 0.463, 7 of 50.
 """
 
 from __future__ import annotations

@@ -43,7 +43,8 @@ class _Linear(ctypes.Structure):
         ("in_features", ctypes.c_int64),
         ("group_size", ctypes.c_int64),
         ("weight", ctypes.c_void_p),
-        ("scales_and_zeros", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("zero_points", ctypes.c_void_p),
         ("bias", ctypes.c_void_p),
     ]
 
@@ -103,6 +104,7 @@ def _describe_linear(layer: nn.Module) -> _Linear | None:
             0,
             layer.packed_weight.data_ptr(),
             None,
+            None,
             bias_pointer,
         )
     if isinstance(layer, Int4Linear) and layer.is_native:
@@ -113,7 +115,8 @@ def _describe_linear(layer: nn.Module) -> _Linear | None:
             layer.in_features,
             layer.group_size,
             layer.weight_int4.data_ptr(),
-            layer.scales_and_zeros.data_ptr(),
+            layer.scales.data_ptr(),
+            layer.zero_points.data_ptr(),
             bias_pointer,
         )
     return None

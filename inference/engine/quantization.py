@@ -10,12 +10,14 @@ is a fifth of SmolLM2-135M, so leaving it in bf16 would keep int8 above 55% of b
 NOTE: the embedding / lm_head stay int8 under "int4" too. Measured on SmolLM2-135M against bf16
 (teacher-forced next-token top-1 agreement over 2,048 tokens of tests/data's text): int4 layers
 with an int8 table 0.963, everything int4 0.850 (logits KL 0.004 vs 0.067). The price is
-memory: 35.2% of bf16 instead of 31.0% for this model (the table is 21% of its weights; less
-for larger models).
+memory: 34.0% of bf16 with the native kernel's int4 format (35.2% in PyTorch's) instead of
+~31% for this model (the table is 21% of its weights; less for larger models).
 
 - int8: symmetric, one scale per output channel (row), codes in [-127, 127].
-- int4: asymmetric (min/max) per group of `group_size` input columns, stored in the layout of
-  `torch._weight_int4pack_mm_for_cpu`: w = (q - 8) * scale + zero. The default group of 32
+- int4: asymmetric per group of `group_size` input columns. In the native kernel's format
+  where it runs (native_int4_linear.py: a bf16 scale and a uint8 zero point, fitted by least
+  squares), else min/max groups in the layout of `torch._weight_int4pack_mm_for_cpu`:
+  w = (q - 8) * scale + zero. The default group of 32
   matches the Q4_1 blocks of the bundled GGUF model, whose weights it then reproduces almost
   exactly (the scales are rounded to the model dtype).
 
@@ -47,6 +49,7 @@ from inference.engine.native_int4_linear import (
     fits_native_int4,
     native_int4_available,
     pack_int4_vnni,
+    quantize_int4_vnni,
     unpack_int4_vnni,
     unpack_int4_vnni_rows,
 )
@@ -209,33 +212,35 @@ class Int4Linear(QuantizedLinear):
         if padded_rows != self.out_features:
             w = torch.cat((w, w.new_zeros(padded_rows - self.out_features, self.in_features)))
         groups = w.view(padded_rows, -1, group_size)
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-        scales = ((high - low) / 15).clamp(min=1e-12).to(weight.dtype)
-        zeros = (low + 8 * scales.float()).to(weight.dtype)
-        codes = torch.round(
-            (groups - zeros.float()[..., None]) / scales.float()[..., None] + 8
-        ).clamp(0, 15)
-        codes = codes.view(padded_rows, -1)
         self.is_native = (
             weight.dtype == torch.bfloat16
             and weight.device.type == "cpu"
             and fits_native_int4(self.in_features, group_size)
             and native_int4_available()
         )
-        self.register_buffer(
-            "weight_int4", pack_int4_vnni(codes) if self.is_native else pack_int4(codes)
-        )
+        self.register_buffer("bias", bias)
+        self._native_matmul = None
+        if self.is_native:
+            codes, scales, zero_points = quantize_int4_vnni(groups)
+            self.register_buffer("weight_int4", pack_int4_vnni(codes.view(padded_rows, -1)))
+            self.register_buffer("scales", scales)  # [num_groups, padded_rows] bf16
+            self.register_buffer("zero_points", zero_points)  # [num_groups, padded_rows] uint8
+            self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
+            self._native_matmul = Int4VnniMatmul(
+                self.weight_int4, scales, zero_points, group_size, self.out_features
+            )
+            return
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = ((high - low) / 15).clamp(min=1e-12).to(weight.dtype)
+        zeros = (low + 8 * scales.float()).to(weight.dtype)
+        codes = torch.round(
+            (groups - zeros.float()[..., None]) / scales.float()[..., None] + 8
+        ).clamp(0, 15)
+        self.register_buffer("weight_int4", pack_int4(codes.view(padded_rows, -1)))
         # [num_groups, padded_rows, 2]: the kernel's scales_and_zeros layout
         self.register_buffer(
             "scales_and_zeros", torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
         )
-        self.register_buffer("bias", bias)
-        self._native_matmul = None
-        if self.is_native:
-            self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
-            self._native_matmul = Int4VnniMatmul(
-                self.weight_int4, self.scales_and_zeros, group_size, self.out_features
-            )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: the decode fast path first: one check, then the kernel.
@@ -267,15 +272,17 @@ class Int4Linear(QuantizedLinear):
     def dequantize_rows(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
         # NOTE: unpacking works on whole 64-row blocks; `start` is always a multiple of 64.
         block_end = -(-end // INT4_ROW_BLOCK) * INT4_ROW_BLOCK
-        unpack = unpack_int4_vnni if self.is_native else unpack_int4
-        codes = unpack(self.weight_int4[start:block_end])[: end - start]
+        if self.is_native:
+            codes = unpack_int4_vnni(self.weight_int4[start:block_end])[: end - start]
+            return self._dequantize_native(codes, slice(start, end), dtype)
+        codes = unpack_int4(self.weight_int4[start:block_end])[: end - start]
         return self._dequantize(codes, self.scales_and_zeros[:, start:end], dtype)
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         flat_ids = row_ids.reshape(-1)
         if self.is_native:
             codes = unpack_int4_vnni_rows(self.weight_int4, flat_ids)
-            rows = self._dequantize(codes, self.scales_and_zeros[:, flat_ids], dtype)
+            rows = self._dequantize_native(codes, flat_ids, dtype)
             return rows.view(*row_ids.shape, self.in_features)
         blocks = self.weight_int4.view(-1, self.in_features, INT4_ROW_BLOCK // 2)
         half = INT4_ROW_BLOCK // 2
@@ -298,6 +305,17 @@ class Int4Linear(QuantizedLinear):
         zeros = scales_and_zeros[..., 1].T.to(dtype).unsqueeze(-1)
         grouped = codes.view(num_rows, -1, self.group_size).to(dtype).sub_(8)
         return grouped.mul_(scales).add_(zeros).view(num_rows, self.in_features)
+
+    def _dequantize_native(
+        self, codes: torch.Tensor, rows: slice | torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """codes [rows, K] of the native format's `rows` -> weights [rows, K] (see
+        `quantize_int4_vnni`): s (q - zero_point / 16), in float32, then rounded to `dtype`."""
+        num_rows = codes.shape[0]
+        scales = self.scales[:, rows].T.float().unsqueeze(-1)  # [rows, groups, 1]
+        offsets = self.zero_points[:, rows].T.float().unsqueeze(-1) / 16
+        grouped = codes.view(num_rows, -1, self.group_size).float().sub_(offsets).mul_(scales)
+        return grouped.view(num_rows, self.in_features).to(dtype)
 
 
 class QuantizedEmbedding(nn.Module):

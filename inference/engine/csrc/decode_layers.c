@@ -31,7 +31,8 @@ typedef struct {
     int64_t kind;
     int64_t out_features, padded_out_features, in_features, group_size;
     const void *weight;           /* AMX-packed bf16, or int4 codes */
-    const void *scales_and_zeros; /* int4 only */
+    const uint16_t *scales;       /* int4 only: bf16 [groups][padded_out_features] */
+    const uint8_t *zero_points;   /* int4 only: uint8 [groups][padded_out_features] */
     const uint16_t *bias;         /* bf16 [out_features], or NULL */
 } linear_desc;
 
@@ -55,7 +56,7 @@ static int linear(const linear_desc *layer, const uint16_t *x, uint16_t *out, in
     if (layer->kind == LINEAR_BF16_AMX)
         return linear_bf16_amx(x, layer->weight, layer->bias, out, m, layer->out_features,
                                layer->in_features, num_threads);
-    const int status = int4_linear_vnni(x, layer->weight, layer->scales_and_zeros, out, m,
+    const int status = int4_linear_vnni(x, layer->weight, layer->scales, layer->zero_points, out, m,
                                         layer->out_features, layer->padded_out_features,
                                         layer->in_features, layer->group_size, num_threads);
     if (status || !layer->bias) return status;

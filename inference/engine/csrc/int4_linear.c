@@ -2,18 +2,18 @@
  * y = x W^T for bf16 x and group-wise int4 weights, with AVX-512 VNNI integer dot products.
  *
  * Weights: codes q in [0, 15] with, per group of `group_size` input columns and output row, a
- * bf16 scale s and zero z: w = (q - 8) s + z (the format of quantization.py's Int4Linear). The
- * codes are packed by tiles of 64 output rows as [K/8][64][4] bytes: the 4 bytes of row r at
- * step j hold columns 8j..8j+3 in their low nibbles and 8j+4..8j+7 in their high nibbles, so one
- * 64-byte load gives 16 rows x 8 columns, ready for vpdpbusd. Scales and zeros are the
- * [K/group_size][N][2] bf16 array that PyTorch's int4 CPU kernel takes.
+ * bf16 scale s and a uint8 zero point z in sixteenths of s: w = s (q - z / 16) (the format of
+ * native_int4_linear.py). The codes are packed by tiles of 64 output rows as [K/8][64][4]
+ * bytes: the 4 bytes of row r at step j hold columns 8j..8j+3 in their low nibbles and
+ * 8j+4..8j+7 in their high nibbles, so one 64-byte load gives 16 rows x 8 columns, ready for
+ * vpdpbusd. Scales and zero points are [K/group_size][N] arrays.
  *
  * Activations are quantized per token to int8 in blocks of 32 columns (absmax scales, as
  * llama.cpp's Q8 blocks, plus a second code for the rounding error: see quantize_activations),
  * so the inner loop is u8 x s8 -> int32 dot products (vpdpbusd) and float work happens once per
  * 32 columns:
  *   y_r = sum_blocks s_r (x_scale_hi dot(q_r, x_hi) + x_scale_lo dot(q_r, x_lo))
- *       + sum_groups (z_r - 8 s_r) sum(x)
+ *       - sum_groups s_r z_r / 16 sum(x)
  * where sum(x) is the exact float sum of the bf16 activations of the group.
  *
  * Why: a decode step streams every weight once, and PyTorch's int4 kernel reads ~11 GB/s here
@@ -68,12 +68,13 @@ static void quantize_activations(const uint16_t *x, int64_t k, int8_t *codes, fl
 
 /* One tile of 64 output rows for one token; `out_rows` rows are written (the last tile of a
  * padded matrix writes fewer). `x_codes` holds the token's two code rows of k bytes each. */
-static inline void tile_matmul(const uint8_t *tile_codes, const uint32_t *scales_and_zeros,
+static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales,
+                               const uint8_t *zero_points,
                                int64_t padded_n, int64_t k, int64_t group_size,
                                const int8_t *x_codes, const float *x_scales, const float *x_sums,
                                uint16_t *out, int64_t out_rows) {
     const __m512i nibble = _mm512_set1_epi8(0x0f);
-    const __m512i high_halves = _mm512_set1_epi32((int)0xffff0000u);
+    const __m512 minus_sixteenth = _mm512_set1_ps(-1.0f / 16.0f);
     const int64_t blocks_per_group = group_size / BLOCK;
     __m512 y[ROW_VECTORS];
     for (int v = 0; v < ROW_VECTORS; ++v) y[v] = _mm512_setzero_ps();
@@ -101,22 +102,23 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint32_t *scales
                 }
             }
         }
-        const uint32_t *group_scales = scales_and_zeros + (block / blocks_per_group) * padded_n;
+        const int64_t group_offset = (block / blocks_per_group) * padded_n;
         const int closes_group = (block + 1) % blocks_per_group == 0;
         const __m512 x_scale_hi = _mm512_set1_ps(x_scales[2 * block]);
         const __m512 x_scale_lo = _mm512_set1_ps(x_scales[2 * block + 1]);
         group_sum += x_sums[block];
         for (int v = 0; v < ROW_VECTORS; ++v) {
-            const __m512i pairs = _mm512_loadu_si512(group_scales + v * 16);
-            const __m512 scale = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+            const __m512 scale = load_bf16x16(scales + group_offset + v * 16);
             const __m512 dot = _mm512_fmadd_ps(x_scale_hi, _mm512_cvtepi32_ps(dots[0][v]),
                                                _mm512_mul_ps(x_scale_lo,
                                                              _mm512_cvtepi32_ps(dots[1][v])));
             y[v] = _mm512_fmadd_ps(scale, dot, y[v]);
             if (closes_group) {
-                const __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_halves));
-                /* z - 8 s: the weight of code 0, which every column of the group adds */
-                const __m512 offset = _mm512_fnmadd_ps(scale, _mm512_set1_ps(8.0f), zero);
+                const __m128i zero_bytes =
+                    _mm_loadu_si128((const __m128i *)(zero_points + group_offset + v * 16));
+                const __m512 zero = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(zero_bytes));
+                /* -s z / 16: the weight of code 0, which every column of the group adds */
+                const __m512 offset = _mm512_mul_ps(_mm512_mul_ps(scale, zero), minus_sixteenth);
                 y[v] = _mm512_fmadd_ps(offset, _mm512_set1_ps(group_sum), y[v]);
             }
         }
@@ -131,13 +133,13 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint32_t *scales
 }
 
 /*
- * x [m, k] bf16, codes [padded_n / 64][k / 8][64][4], scales_and_zeros [k / group_size]
- * [padded_n][2] bf16 -> out [m, n] bf16 (n <= padded_n). Returns 0, or -1 for shapes the kernel
+ * x [m, k] bf16, codes [padded_n / 64][k / 8][64][4], scales [k / group_size][padded_n] bf16,
+ * zero_points [k / group_size][padded_n] uint8 -> out [m, n] bf16 (n <= padded_n). Returns 0, or -1 for shapes the kernel
  * does not take (k or group_size not a multiple of 32, group_size not dividing k, padded_n not
  * a multiple of 64) and -2 when scratch memory cannot be allocated.
  */
-int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint32_t *scales_and_zeros,
-                     uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
+int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
+                     const uint8_t *zero_points, uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
                      int64_t group_size, int num_threads) {
     if (k % BLOCK || group_size % BLOCK || k % group_size || padded_n % TILE_ROWS || n > padded_n)
         return -1;
@@ -160,7 +162,8 @@ int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint32_t *sc
         if (out_rows <= 0) continue;
         /* NOTE: one token at a time: the tile (k * 32 bytes) stays in L1/L2 between tokens. */
         for (int64_t t = 0; t < m; ++t)
-            tile_matmul(codes + tile * TILE_ROWS * k / 2, scales_and_zeros + row0, padded_n, k,
+            tile_matmul(codes + tile * TILE_ROWS * k / 2, scales + row0, zero_points + row0,
+                        padded_n, k,
                         group_size, x_codes + 2 * t * k, x_scales + 2 * t * blocks_per_token,
                         x_sums + t * blocks_per_token, out + t * n + row0, out_rows);
     }

@@ -24,8 +24,8 @@ int amx_request_permission(void);
 void pack_bf16_vnni(const uint16_t *weight, uint16_t *packed, int64_t n, int64_t k);
 int linear_bf16_amx(const uint16_t *x, const uint16_t *packed, const uint16_t *bias,
                     uint16_t *out, int64_t m, int64_t n, int64_t k, int num_threads);
-int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint32_t *scales_and_zeros,
-                     uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
+int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
+                     const uint8_t *zero_points, uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
                      int64_t group_size, int num_threads);
 int silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width,
                       int num_threads);
