@@ -3,6 +3,9 @@ the real model (SmolLM2-135M in bf16 and int4)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
@@ -147,3 +150,17 @@ def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_run
 def test_the_environment_can_turn_the_fused_path_off(chat_model_dir, monkeypatch):
     monkeypatch.setenv("CACHET_FUSED_DECODE", "0")
     assert runner(chat_model_dir, "none").model.fused_decode is None
+
+
+def test_a_dropped_runner_frees_its_model_without_waiting_for_the_garbage_collector(
+    chat_model_dir,
+):
+    dropped = runner(chat_model_dir, "int4")
+    assert dropped.model.fused_decode is not None
+    model = weakref.ref(dropped.model)
+    gc.disable()
+    try:
+        del dropped
+        assert model() is None
+    finally:
+        gc.enable()

@@ -127,7 +127,9 @@ class FusedDecode:
 
     def __init__(self, model: nn.Module, kv_caches: list, block_size: int, kernel) -> None:
         args = model.args
-        self.model = model  # keeps every pointer below alive
+        # NOTE: no reference to the model (which holds this object: a cycle would keep a
+        # replaced model's weights until a full garbage collection); the model owns the weights
+        # behind the pointers below and this object with them. The caches are the runner's.
         self.kv_caches = kv_caches
         self._kernel = kernel
         self._model = _Model(
