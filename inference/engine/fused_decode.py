@@ -24,10 +24,10 @@ import os
 import torch
 from torch import nn
 
+from inference.engine import paged_decode_kernel
 from inference.engine.amx_linear import AmxLinear
 from inference.engine.attention import AttentionMetadata
 from inference.engine.native_kernels import load_function
-from inference.engine.paged_decode_kernel import MAX_GROUP, context_partitions
 from inference.engine.quantization import Int4Linear
 
 logger = logging.getLogger(__name__)
@@ -122,10 +122,32 @@ def _describe_linear(layer: nn.Module) -> _Linear | None:
     return None
 
 
+def _describe_layer(
+    layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> _Layer | None:
+    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
+        return None
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None
+    attention, mlp = layer.self_attn, layer.mlp
+    linears = [
+        _describe_linear(linear)
+        for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    ]
+    if any(linear is None for linear in linears):
+        return None
+    return _Layer(
+        norms[0].data_ptr(), norms[1].data_ptr(), *linears, k_cache.data_ptr(), v_cache.data_ptr()
+    )
+
+
 class FusedDecode:
     """One native call for all decoder layers of a pure decode step (see the module doc)."""
 
-    def __init__(self, model: nn.Module, kv_caches: list, block_size: int, kernel) -> None:
+    def __init__(
+        self, model: nn.Module, layers: list[_Layer], kv_caches: list, block_size: int, kernel
+    ) -> None:
         args = model.args
         # NOTE: no reference to the model (which holds this object: a cycle would keep a
         # replaced model's weights until a full garbage collection); the model owns the weights
@@ -143,21 +165,6 @@ class FusedDecode:
             model.layers[0].input_layernorm.eps,
             model.layers[0].self_attn.scale,
         )
-        layers = []
-        for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
-            attention, mlp = layer.self_attn, layer.mlp
-            layers.append(
-                _Layer(
-                    layer.input_layernorm.weight.data_ptr(),
-                    layer.post_attention_layernorm.weight.data_ptr(),
-                    _describe_linear(attention.qkv_proj),
-                    _describe_linear(attention.o_proj),
-                    _describe_linear(mlp.gate_up_proj),
-                    _describe_linear(mlp.down_proj),
-                    k_cache.data_ptr(),
-                    v_cache.data_ptr(),
-                )
-            )
         self._layers = (_Layer * len(layers))(*layers)
         self._num_kv_heads = args.num_kv_heads
 
@@ -165,34 +172,33 @@ class FusedDecode:
     def build(cls, model: nn.Module, kv_caches: list, block_size: int) -> FusedDecode | None:
         """The fused path for this model and cache, or None where it does not apply."""
         args = model.args
+        # NOTE: the attention inside is paged_decode_kernel's: the same shapes apply.
         if not (
-            block_size % 16 == 0
-            and args.head_dim % 32 == 0
-            and args.num_heads % args.num_kv_heads == 0
-            and args.num_heads // args.num_kv_heads <= MAX_GROUP
+            args.num_heads % args.num_kv_heads == 0
+            and paged_decode_kernel.supports(
+                torch.bfloat16,
+                torch.device("cpu"),
+                args.num_heads,
+                args.num_kv_heads,
+                args.head_dim,
+                block_size,
+            )
             and args.hidden_size % 16 == 0
             and args.intermediate_size % 16 == 0
             and all(len(cache) == 2 and cache[0].dtype == torch.bfloat16 for cache in kv_caches)
-            and all(cache[0].is_contiguous() and cache[1].is_contiguous() for cache in kv_caches)
         ):
             return None
-        for layer in model.layers:
-            norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-            if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
-                return None
-            linears = (
-                layer.self_attn.qkv_proj,
-                layer.self_attn.o_proj,
-                layer.mlp.gate_up_proj,
-                layer.mlp.down_proj,
-            )
-            if any(_describe_linear(linear) is None for linear in linears):
-                return None
+        layers = [
+            _describe_layer(layer, *cache)
+            for layer, cache in zip(model.layers, kv_caches, strict=True)
+        ]
+        if any(layer is None for layer in layers):
+            return None
         kernel = _kernel()
         if kernel is None:
             return None
         logger.info("decode steps: all %d layers in one native call", args.num_layers)
-        return cls(model, kv_caches, block_size, kernel)
+        return cls(model, layers, kv_caches, block_size, kernel)
 
     def can_run(self, metadata: AttentionMetadata, kv_caches: list, num_tokens: int) -> bool:
         return (
@@ -213,7 +219,7 @@ class FusedDecode:
         cos, sin = cos.contiguous(), sin.contiguous()
         block_table = metadata.decode_block_table
         num_threads = torch.get_num_threads()
-        blocks_per_part, num_parts = context_partitions(
+        blocks_per_part, num_parts = paged_decode_kernel.context_partitions(
             num_tokens, self._num_kv_heads, block_table.shape[1], num_threads
         )
         status = self._kernel(

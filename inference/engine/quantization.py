@@ -17,17 +17,16 @@ memory: 34.0% of bf16 with the native kernel's int4 format (35.2% in PyTorch's) 
 - int4: asymmetric per group of `group_size` input columns. In the native kernel's format
   where it runs (native_int4_linear.py: a bf16 scale and a uint8 zero point, fitted by least
   squares), else min/max groups in the layout of `torch._weight_int4pack_mm_for_cpu`:
-  w = (q - 8) * scale + zero. The default group of 32
-  matches the Q4_1 blocks of the bundled GGUF model, whose weights it then reproduces almost
-  exactly (the scales are rounded to the model dtype).
+  w = (q - 8) * scale + zero. The default group of 32 matches the Q4_1 blocks of the bundled
+  GGUF model, whose weights it then reproduces almost exactly (the scales are rounded to the
+  model dtype).
 
 Kernels: bf16 int4 layers on CPUs with AVX-512 VNNI and BF16 store their codes in the layout
 of the native kernel (native_int4_linear.py) and run it up to `native_int4_linear.MAX_TOKENS`
 tokens a step: ~2.5x PyTorch's int4 kernel at one token. Otherwise, on CPU, a step of at most
-`PACKED_KERNEL_MAX_TOKENS` tokens (decodes, logits of a few
-sequences) runs PyTorch's weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`,
-which take bf16, fp16 and fp32 activations), reading half (int8) or a quarter (int4) of the
-bf16 bytes. Larger
+`PACKED_KERNEL_MAX_TOKENS` tokens (decodes, logits of a few sequences) runs PyTorch's
+weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, which take bf16,
+fp16 and fp32 activations), reading half (int8) or a quarter (int4) of the bf16 bytes. Larger
 batches (prefill) dequantize the weight in row chunks and use the dense GEMM: the packed kernels
 grow about linearly with the number of tokens and lose to bf16 GEMM from ~16 tokens
 (measured: [3072, 576] weight at 16 tokens, 0.37 ms int8 kernel vs 0.21 ms bf16). Off CPU (CUDA)
