@@ -33,15 +33,15 @@ from chat.models import AssistantProfile
 from chat.prompting import cache_salt_for
 from chat.turn import Answer, TokenDelta, TurnControl, TurnInput, answer_turn
 from inference import runtime
-from inference.engine.engine import Engine
-from inference.engine.outputs import (
+from inference.engine import (
     Delta,
+    Engine,
     EngineClosedError,
     PromptTooLongError,
     RequestFailedError,
+    SamplingParams,
     Usage,
 )
-from inference.engine.sampling_params import SamplingParams
 from inference.models import ModelConfig
 from inference.prompts import Turn
 

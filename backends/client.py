@@ -23,8 +23,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from backends.models import InferenceBackend
-from inference.engine.outputs import Delta, Usage
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import Delta, SamplingParams, Usage
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from backends import metrics
 from backends.client import BackendUnavailable, RemoteStream, chat_payload
 from backends.health import amark_down, amark_up
 from backends.models import InferenceBackend
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import SamplingParams
 
 logger = logging.getLogger(__name__)
 

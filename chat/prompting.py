@@ -9,8 +9,7 @@ import weakref
 from django.conf import settings
 
 from chat.models import AssistantProfile
-from inference.engine.engine import Engine
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import Engine, SamplingParams
 from inference.models import ModelConfig
 from inference.prompts import PromptBuilder
 

@@ -33,9 +33,14 @@ from chat.models import Conversation, Message
 from chat.prompting import cache_salt_for, prompt_builder_for, sampling_params_for
 from chat.remote_turn import chat_messages, choose_turn_route, open_remote_answer
 from inference import runtime
-from inference.engine.engine import Engine
-from inference.engine.outputs import Delta, EngineClosedError, RequestFailedError, Usage
-from inference.engine.sampling_params import SamplingParams
+from inference.engine import (
+    Delta,
+    Engine,
+    EngineClosedError,
+    RequestFailedError,
+    SamplingParams,
+    Usage,
+)
 from inference.prompts import Turn
 from retrieval.search import search
 

@@ -11,10 +11,14 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 
 from chatsite.env import ConfigError, read_model_source
-from inference.engine.config import MAX_SPECULATIVE_TOKENS, parse_dtype
-from inference.engine.kv_cache import KVCacheSpec
-from inference.engine.loader import SUPPORTED_MODEL_TYPES
-from inference.engine.quantization import DEFAULT_INT4_GROUP_SIZE, check_quantization
+from inference.engine import (
+    DEFAULT_INT4_GROUP_SIZE,
+    MAX_SPECULATIVE_TOKENS,
+    SUPPORTED_MODEL_TYPES,
+    KVCacheSpec,
+    check_quantization,
+    parse_dtype,
+)
 from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_chat_model
 
 DEFAULT_SPECULATIVE_TOKENS = 5  # the app's default; EngineConfig's stays 0 (off)

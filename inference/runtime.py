@@ -18,8 +18,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db import DatabaseError
 
-from inference.engine.config import EngineConfig
-from inference.engine.engine import Engine
+from inference.engine import Engine, EngineConfig
 from inference.model_files import BUNDLED_CHAT_FILE, resolve_chat_model
 from inference.models import ModelConfig
 

@@ -2,7 +2,7 @@
 
 A suite starts a `LiveServer`, sets it up with `prepare_site` (run in the server's own Django
 shell: an active model configuration, users with sessions, an assistant profile, an API key),
-drives it with the clients here (`ChatSocket` from `frontend.bench` for `/ws/chat/`, the official
+drives it with the clients here (`ChatSocket` from `bench.chat` for `/ws/chat/`, the official
 `openai` client for `/v1`), and reads the engine's state from `/metrics`. Its report holds a list
 of checks (`check()`); the process exits with status 1 when any of them failed.
 """
@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from frontend.bench import ChatSocket, run_cli
-from frontend.live_server import LiveServer
+from bench.chat import ChatSocket, run_cli
+from harness.live_server import LiveServer
 
 logger = logging.getLogger(__name__)
 
@@ -78,8 +78,7 @@ def prepare_site(spec: dict) -> dict:
 
     from api.models import ApiKey
     from chat.models import AssistantProfile
-    from inference.engine.config import parse_dtype
-    from inference.engine.kv_cache import KVCacheSpec
+    from inference.engine import KVCacheSpec, parse_dtype
     from inference.model_files import resolve_chat_model, resolve_embedding_model
     from inference.models import ModelConfig
     from inference.runtime import served_model_name

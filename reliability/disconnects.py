@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontend.bench import CLOSED, BenchError, ChatSocket
-from frontend.live_server import LiveServer, LiveServerError, default_models_dir
+from bench.chat import CLOSED, BenchError, ChatSocket
+from harness.live_server import LiveServer, LiveServerError, default_models_dir
 from reliability.common import (
     HOST,
     MAX_DETAILS,

@@ -28,8 +28,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from frontend.bench import BenchError
-from frontend.live_server import LiveServer, LiveServerError, default_models_dir
+from bench.chat import BenchError
+from harness.live_server import LiveServer, LiveServerError, default_models_dir
 from reliability.common import (
     MAX_DETAILS,
     ApiReply,

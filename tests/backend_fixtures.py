@@ -1,6 +1,6 @@
 """A second Cachet server as the remote OpenAI-compatible backend of the backends tests.
 
-`remote_cachet` is a real server process (frontend.live_server) serving the bundled model under
+`remote_cachet` is a real server process (harness.live_server) serving the bundled model under
 another name (its directory path, through CACHET_MODEL), so a request for the remote model can
 never be answered by this process's own engine by mistake. It has an API key (`live.key`) and a
 metrics token; tests that kill it start it again before they end.
@@ -14,7 +14,7 @@ import time
 import pytest
 
 from backends.models import InferenceBackend
-from frontend.live_server import LiveServer, free_port
+from harness.live_server import LiveServer, free_port
 
 SETUP = """
 from django.contrib.auth.models import User

@@ -1,4 +1,4 @@
-"""Shared pieces of the fault tests (tests/test_reliability_*.py): a throwaway Redis server that a
+"""Shared pieces of the fault tests (tests/reliability/): a throwaway Redis server that a
 test may stop and start again, a document big enough that its ingestion takes a few seconds, what
 a clean ingestion of it gives, and the ids a faiss index file holds."""
 

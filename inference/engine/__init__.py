@@ -1,1 +1,53 @@
-"""The inference engine core: no Django imports anywhere below this package."""
+"""The inference engine: no Django imports anywhere below this package.
+
+This module is the engine's front door: code outside `inference/engine/` imports only the names
+below. Inside, `core/` is the torch-free bookkeeping (sequences, blocks, scheduling, speculation,
+detokenizing), `layers/` the torch modules and PyTorch paths, `models/` one file per architecture
+and `kernels/` the native CPU kernels, one module per C source.
+"""
+
+from inference.engine.config import (
+    MAX_SPECULATIVE_TOKENS,
+    ConfigError,
+    EngineConfig,
+    parse_dtype,
+)
+from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.engine import Engine
+from inference.engine.kv_cache import KVCacheSpec
+from inference.engine.layers.quantization import (
+    DEFAULT_INT4_GROUP_SIZE,
+    check_quantization,
+    model_weight_bytes,
+)
+from inference.engine.loader import SUPPORTED_MODEL_TYPES
+from inference.engine.model_runner import ModelRunner
+from inference.engine.outputs import (
+    Delta,
+    EngineClosedError,
+    GenerationResult,
+    PromptTooLongError,
+    RequestFailedError,
+    Usage,
+)
+
+__all__ = [
+    "DEFAULT_INT4_GROUP_SIZE",
+    "MAX_SPECULATIVE_TOKENS",
+    "SUPPORTED_MODEL_TYPES",
+    "ConfigError",
+    "Delta",
+    "Engine",
+    "EngineClosedError",
+    "EngineConfig",
+    "GenerationResult",
+    "KVCacheSpec",
+    "ModelRunner",
+    "PromptTooLongError",
+    "RequestFailedError",
+    "SamplingParams",
+    "Usage",
+    "check_quantization",
+    "model_weight_bytes",
+    "parse_dtype",
+]

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from inference.engine.kv_cache import KV_CACHE_DTYPES
-from inference.engine.quantization import DEFAULT_INT4_GROUP_SIZE, check_quantization
+from inference.engine.layers.quantization import DEFAULT_INT4_GROUP_SIZE, check_quantization
 
 DTYPE_NAMES: dict[str, torch.dtype] = {
     "float32": torch.float32,

@@ -24,7 +24,9 @@ from collections.abc import Sequence as SequenceOf
 import torch
 
 from inference.engine.config import ConfigError, EngineConfig
-from inference.engine.detokenizer import IncrementalDetokenizer, fast_decoder
+from inference.engine.core.detokenizer import IncrementalDetokenizer, fast_decoder
+from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.core.sequence import Sequence
 from inference.engine.engine_core import EngineCore, OutputCallback, Request
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import (
@@ -35,8 +37,6 @@ from inference.engine.outputs import (
     ResultCollector,
     Usage,
 )
-from inference.engine.sampling_params import SamplingParams
-from inference.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
 

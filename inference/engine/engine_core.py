@@ -27,16 +27,16 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.engine.block_manager import BlockManager
 from inference.engine.config import EngineConfig
-from inference.engine.detokenizer import IncrementalDetokenizer
+from inference.engine.core.block_manager import BlockManager
+from inference.engine.core.detokenizer import IncrementalDetokenizer
+from inference.engine.core.scheduler import Scheduler, SchedulerOutput
+from inference.engine.core.sequence import FinishReason, Sequence
+from inference.engine.core.speculative import NgramProposer
 from inference.engine.metrics import EngineMetrics
 from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.outputs import Delta, RequestFailedError, Usage
 from inference.engine.sampler import Sampler
-from inference.engine.scheduler import Scheduler, SchedulerOutput
-from inference.engine.sequence import FinishReason, Sequence
-from inference.engine.speculative import NgramProposer
 
 logger = logging.getLogger(__name__)
 

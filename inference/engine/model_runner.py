@@ -15,18 +15,19 @@ from pathlib import Path
 
 import torch
 
-from inference.engine import native_kernels, paged_decode_kernel
-from inference.engine.amx_linear import can_use_amx, pack_model_for_amx
-from inference.engine.attention import build_attention_metadata
-from inference.engine.fused_decode import FusedDecode, fused_decode_enabled
+from inference.engine import kernels as native_kernels
+from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
+from inference.engine.kernels.decode_layers import FusedDecode, fused_decode_enabled
+from inference.engine.kernels.linear_bf16 import can_use_amx, pack_model_for_amx
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
-from inference.engine.loader import load_model
-from inference.engine.packed_linear import can_pack, pack_linear_layers
-from inference.engine.quantization import (
+from inference.engine.layers.attention import build_attention_metadata
+from inference.engine.layers.packed_linear import can_pack, pack_linear_layers
+from inference.engine.layers.quantization import (
     DEFAULT_INT4_GROUP_SIZE,
     model_weight_bytes,
     quantize_model,
 )
+from inference.engine.loader import load_model
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from inference.engine.sequence import Sequence
+from inference.engine.core.sequence import Sequence
 
 
 class PromptTooLongError(ValueError):

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
-from inference.engine.sampling_params import SamplingParams
-from inference.engine.sequence import Sequence
+from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.core.sequence import Sequence
 
 # NOTE: tried in turn; beyond the last, topk is no cheaper than sorting the whole vocabulary.
 CANDIDATE_SIZES = (256, 4096)

@@ -22,8 +22,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine import native_rms_norm, native_rotary, native_silu_and_mul
-from inference.engine.attention import AttentionMetadata, paged_attention
+from inference.engine.kernels import rms_norm as native_rms_norm
+from inference.engine.kernels import rotary_store as native_rotary
+from inference.engine.kernels import silu_and_mul as native_silu_and_mul
+from inference.engine.layers.attention import AttentionMetadata, paged_attention
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 

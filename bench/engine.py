@@ -1,0 +1,308 @@
+"""Engine benchmark against transformers' own `generate`, both measured in one process and one run.
+
+Workload (issue 3): a fixed ~1,000-token system prompt, a unique ~250-token user turn per request,
+64 greedy output tokens with ignore_eos. Prints JSON `{"hf": {...}, "engine": {...}, "ratios":
+{...}}`; each side has cold_ttft_s, warm_ttft_s, decode_tok_s (single stream), throughput_tok_s
+for 1/8/32 concurrent requests (HF as padded static batches) and peak_rss_mb.
+
+    python -m bench.engine --json            # the full run (several minutes on 2 cores)
+    python -m bench.engine --json --smoke    # tiny sizes: checks the harness end to end
+    python -m bench.engine --table           # the optimization table -> docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+import torch
+
+logger = logging.getLogger(__name__)
+
+# A small English vocabulary for deterministic, prompt-like filler text.
+WORD_TEXT = """
+the of and to in is was for on that with as by at from his her an which or be are this have
+not had but were all one their they has been would she there more when its who will team
+report quarter customer product release server network policy document meeting plan budget
+support access review change process system service data security request update project
+design test deploy issue owner manager office travel expense contract invoice holiday
+training onboarding laptop account password backup storage database cache latency
+"""
+WORDS = tuple(WORD_TEXT.split())
+
+
+@dataclass(slots=True)
+class Workload:
+    system_tokens: int = 1000
+    user_tokens: int = 250
+    output_tokens: int = 64
+    concurrency: tuple[int, ...] = (1, 8, 32)
+
+
+SMOKE = Workload(system_tokens=48, user_tokens=16, output_tokens=4, concurrency=(1, 2))
+
+
+@dataclass(slots=True)
+class PeakSampler:
+    """Samples `read()` in a thread while a phase runs and keeps the largest value."""
+
+    read: Callable[[], float]
+    interval_s: float = 0.05
+    peak: float = 0.0
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> PeakSampler:
+        def sample() -> None:
+            while not self._stop.is_set():
+                self.peak = max(self.peak, self.read())
+                self._stop.wait(self.interval_s)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def peak_rss() -> PeakSampler:
+    """This process's peak resident memory in bytes, as `.peak`."""
+    process = psutil.Process()
+    return PeakSampler(lambda: process.memory_info().rss)
+
+
+def mb(num_bytes: float) -> float:
+    return round(num_bytes / 2**20, 1)
+
+
+def text_of_tokens(tokenizer, num_tokens: int, seed: int) -> str:
+    """Deterministic English-like text of about `num_tokens` tokens."""
+    rng = random.Random(seed)
+    words: list[str] = []
+    while len(tokenizer.encode(" ".join(words), add_special_tokens=False)) < num_tokens:
+        words.extend(rng.choice(WORDS) for _ in range(max(8, (num_tokens - len(words)) // 2)))
+    ids = tokenizer.encode(" ".join(words), add_special_tokens=False)[:num_tokens]
+    return tokenizer.decode(ids)
+
+
+def build_prompts(
+    tokenizer, workload: Workload, num_prompts: int, first_seed: int
+) -> list[list[int]]:
+    system = text_of_tokens(tokenizer, workload.system_tokens, seed=0)
+    prompts = []
+    for index in range(num_prompts):
+        user = text_of_tokens(tokenizer, workload.user_tokens, seed=first_seed + index)
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer.encode(text, add_special_tokens=False))
+    return prompts
+
+
+class Seeds:
+    """Hands out fresh user-turn seeds so no two measured requests share a user turn."""
+
+    def __init__(self) -> None:
+        self.next_seed = 1
+
+    def take(self, count: int) -> int:
+        first, self.next_seed = self.next_seed, self.next_seed + count
+        return first
+
+
+def bench_hf(
+    model_dir: Path, tokenizer, workload: Workload, seeds: Seeds, dtype: torch.dtype
+) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    with peak_rss() as rss:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        tokenizer.padding_side = "left"
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+
+        def run_batch(prompts: list[list[int]], max_new_tokens: int) -> float:
+            width = max(map(len, prompts))
+            input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+            started = time.perf_counter()
+            with torch.inference_mode():
+                model.generate(
+                    input_ids=input_ids,
+                    attention_mask=mask,
+                    max_new_tokens=max_new_tokens,
+                    min_new_tokens=max_new_tokens,
+                    do_sample=False,
+                    pad_token_id=pad_id,
+                )
+            return time.perf_counter() - started
+
+        # HF has no prefix cache across calls: "warm" repeats the system prompt, new user turn.
+        cold_ttft = run_batch(build_prompts(tokenizer, workload, 1, seeds.take(1)), 1)
+        warm_ttft = run_batch(build_prompts(tokenizer, workload, 1, seeds.take(1)), 1)
+        single = build_prompts(tokenizer, workload, 1, seeds.take(1))
+        ttft = run_batch(single, 1)
+        total = run_batch(single, workload.output_tokens)
+        decode_tok_s = (workload.output_tokens - 1) / max(total - ttft, 1e-9)
+        throughput = {}
+        for num in workload.concurrency:
+            seconds = run_batch(
+                build_prompts(tokenizer, workload, num, seeds.take(num)), workload.output_tokens
+            )
+            throughput[str(num)] = round(num * workload.output_tokens / seconds, 2)
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "cold_ttft_s": round(cold_ttft, 4),
+        "warm_ttft_s": round(warm_ttft, 4),
+        "decode_tok_s": round(decode_tok_s, 2),
+        "throughput_tok_s": throughput,
+        "peak_rss_mb": mb(rss.peak),
+    }
+
+
+def bench_engine(
+    model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb: int, dtype: str
+) -> dict:
+    from inference.engine import Engine, EngineConfig, SamplingParams
+
+    with peak_rss() as rss:
+        max_concurrency = max(workload.concurrency)
+        config = EngineConfig(
+            model_dir=model_dir,
+            dtype=dtype,
+            max_model_len=max(2048, workload.system_tokens + workload.user_tokens + 256),
+            kv_cache_mb=kv_cache_mb,
+            max_num_seqs=max(max_concurrency, 1),
+            max_num_batched_tokens=512,
+        )
+        engine = Engine(config)
+        tokenizer = engine.tokenizer
+        try:
+            first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+            full = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
+            # Cold: the system prompt has never been seen. Warm: same system prompt, new user turn.
+            [cold] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), first)
+            [warm] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), first)
+            [single] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), full)
+            throughput = {}
+            for num in workload.concurrency:
+                prompts = build_prompts(tokenizer, workload, num, seeds.take(num))
+                started = time.perf_counter()
+                results = engine.generate(prompts, full)
+                seconds = time.perf_counter() - started
+                num_tokens = sum(r.usage.completion_tokens for r in results)
+                throughput[str(num)] = round(num_tokens / seconds, 2)
+        finally:
+            engine.shutdown()
+    return {
+        "dtype": str(config.dtype).removeprefix("torch."),
+        "cold_ttft_s": round(cold.usage.ttft_s, 4),
+        "warm_ttft_s": round(warm.usage.ttft_s, 4),
+        "warm_cached_tokens": warm.usage.cached_tokens,
+        "decode_tok_s": round(single.usage.tokens_per_s, 2),
+        "throughput_tok_s": throughput,
+        "peak_rss_mb": mb(rss.peak),
+    }
+
+
+def ratios(hf: dict, engine: dict) -> dict:
+    divide: Callable[[float, float], float] = lambda a, b: round(a / b, 3) if b else 0.0  # noqa: E731
+    return {
+        "engine_warm_over_cold_ttft": divide(engine["warm_ttft_s"], engine["cold_ttft_s"]),
+        "engine_over_hf_decode": divide(engine["decode_tok_s"], hf["decode_tok_s"]),
+        **{
+            f"engine_over_hf_throughput_{num}": divide(
+                engine["throughput_tok_s"][num], hf["throughput_tok_s"][num]
+            )
+            for num in engine["throughput_tok_s"]
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.engine", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--json", action="store_true", help="print the result as JSON (default)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
+    parser.add_argument("--model-dir", type=Path, help="model directory (default: bundled)")
+    parser.add_argument("--models-dir", type=Path, default=Path("var/models"))
+    parser.add_argument("--kv-cache-mb", type=int, default=1024)
+    parser.add_argument(
+        "--engine-dtype", default="auto", help="engine dtype (auto: bf16 where native, else fp32)"
+    )
+    parser.add_argument("--hf-dtype", default="bfloat16", help="baseline dtype (issue: bf16)")
+    parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
+    parser.add_argument(
+        "--table", action="store_true", help="the optimization table (see optimization_table.py)"
+    )
+    parser.add_argument("--out", type=Path, default=Path("docs/benchmarks.md"), help="--table file")
+    parser.add_argument(
+        "--chart", type=Path, default=Path("docs/benchmarks.png"), help="--table PNG chart"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    from transformers import AutoTokenizer
+
+    from inference.engine import parse_dtype
+    from inference.model_files import resolve_chat_model
+
+    model_dir = args.model_dir or resolve_chat_model(None, args.models_dir).directory
+    if args.table:
+        return table_main(args, model_dir, argv)
+    workload = SMOKE if args.smoke else Workload()
+    seeds = Seeds()
+    result: dict = {"workload": {
+        "system_tokens": workload.system_tokens,
+        "user_tokens": workload.user_tokens,
+        "output_tokens": workload.output_tokens,
+        "torch_threads": torch.get_num_threads(),
+    }}  # fmt: skip
+    result["engine"] = bench_engine(model_dir, workload, seeds, args.kv_cache_mb, args.engine_dtype)
+    if not args.skip_hf:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        hf_dtype = parse_dtype(args.hf_dtype)
+        result["hf"] = bench_hf(model_dir, tokenizer, workload, seeds, hf_dtype)
+        result["ratios"] = ratios(result["hf"], result["engine"])
+    json.dump(result, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return result
+
+
+def table_main(args: argparse.Namespace, model_dir: Path, argv: list[str] | None) -> dict:
+    from transformers import AutoTokenizer
+
+    from bench import optimization_table
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    workload = optimization_table.SMOKE_TABLE if args.smoke else optimization_table.TableWorkload()
+    table = optimization_table.build_table(
+        model_dir, tokenizer, workload, kv_cache_mb=args.kv_cache_mb
+    )
+    command = "python -m bench.engine " + " ".join(sys.argv[1:] if argv is None else argv)
+    optimization_table.render_chart(table, args.chart)
+    chart_name = (
+        str(args.chart.relative_to(args.out.parent))
+        if args.chart.is_relative_to(args.out.parent)
+        else str(args.chart)
+    )
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(optimization_table.render_markdown(table, command.strip(), chart_name))
+    json.dump(table, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return table
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""The decoder layers of a pure decode step in one native call (`csrc/decode_layers.c`).
+
+A decode step runs ~10 small kernels per layer. Called from Python one by one, each pays a
+dispatch through the interpreter and PyTorch, on caches the streamed weights have just
+flushed: measured on SmolLM2-135M (int4, 1,300 tokens of context), the layers took ~14 ms a
+step of which the kernels themselves were ~6. `FusedDecode` describes every layer's weights
+and KV cache to the C code once, at load time; a step then makes one call for all the layers.
+The embedding lookup, the final norm and the logits stay in Python.
+
+It applies to bf16 models whose linear layers all run native kernels (AMX bf16, or int4 on
+the VNNI kernel) with a bf16 KV cache, and to steps made of single-token decodes only without
+a shared-prefix cascade; everything else (prefill, mixed steps, speculative verification, a
+cascade over a shared prefix, int8 weights or KV cache, float32) takes the module path.
+Results are the module path's bit for bit: the same kernels in the same order on the same
+inputs (tests/engine/test_fused_decode.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import torch
+from torch import nn
+
+from inference.engine.kernels import load_function
+from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
+from inference.engine.kernels.linear_bf16 import AmxLinear
+from inference.engine.layers.attention import AttentionMetadata
+from inference.engine.layers.quantization import Int4Linear
+
+logger = logging.getLogger(__name__)
+
+LINEAR_BF16_AMX, LINEAR_INT4 = 0, 1  # csrc: enum
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int64),
+        ("out_features", ctypes.c_int64),
+        ("padded_out_features", ctypes.c_int64),
+        ("in_features", ctypes.c_int64),
+        ("group_size", ctypes.c_int64),
+        ("weight", ctypes.c_void_p),
+        ("scales", ctypes.c_void_p),
+        ("zero_points", ctypes.c_void_p),
+        ("bias", ctypes.c_void_p),
+    ]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [
+        ("input_norm", ctypes.c_void_p),
+        ("post_norm", ctypes.c_void_p),
+        ("qkv", _Linear),
+        ("o", _Linear),
+        ("gate_up", _Linear),
+        ("down", _Linear),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+    ]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [
+        ("num_layers", ctypes.c_int64),
+        ("hidden", ctypes.c_int64),
+        ("num_heads", ctypes.c_int64),
+        ("num_kv_heads", ctypes.c_int64),
+        ("head_dim", ctypes.c_int64),
+        ("intermediate", ctypes.c_int64),
+        ("block_size", ctypes.c_int64),
+        ("eps", ctypes.c_float),
+        ("scale", ctypes.c_float),
+    ]
+
+
+def fused_decode_enabled() -> bool:
+    """False when `CACHET_FUSED_DECODE` is 0/false/no: decode steps then run layer by layer."""
+    return os.environ.get("CACHET_FUSED_DECODE", "1").strip().lower() not in ("0", "false", "no")
+
+
+def _kernel():
+    pointer, size = ctypes.c_void_p, ctypes.c_int64
+    return load_function(
+        "decode_layers",
+        "decode_layers_bf16",
+        [pointer] * 8 + [size, pointer, size, size, size, ctypes.c_int],
+    )
+
+
+def _describe_linear(layer: nn.Module) -> _Linear | None:
+    bias = getattr(layer, "bias", None)
+    if bias is not None and bias.dtype != torch.bfloat16:
+        return None
+    bias_pointer = None if bias is None else bias.data_ptr()
+    if isinstance(layer, AmxLinear):
+        return _Linear(
+            LINEAR_BF16_AMX,
+            layer.out_features,
+            layer.out_features,
+            layer.in_features,
+            0,
+            layer.packed_weight.data_ptr(),
+            None,
+            None,
+            bias_pointer,
+        )
+    if isinstance(layer, Int4Linear) and layer.is_native:
+        return _Linear(
+            LINEAR_INT4,
+            layer.out_features,
+            layer.weight_int4.shape[0],
+            layer.in_features,
+            layer.group_size,
+            layer.weight_int4.data_ptr(),
+            layer.scales.data_ptr(),
+            layer.zero_points.data_ptr(),
+            bias_pointer,
+        )
+    return None
+
+
+def _describe_layer(
+    layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tensor
+) -> _Layer | None:
+    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
+        return None
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        return None
+    attention, mlp = layer.self_attn, layer.mlp
+    linears = [
+        _describe_linear(linear)
+        for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    ]
+    if any(linear is None for linear in linears):
+        return None
+    return _Layer(
+        norms[0].data_ptr(), norms[1].data_ptr(), *linears, k_cache.data_ptr(), v_cache.data_ptr()
+    )
+
+
+class FusedDecode:
+    """One native call for all decoder layers of a pure decode step (see the module doc)."""
+
+    def __init__(
+        self, model: nn.Module, layers: list[_Layer], kv_caches: list, block_size: int, kernel
+    ) -> None:
+        args = model.args
+        # NOTE: no reference to the model (which holds this object: a cycle would keep a
+        # replaced model's weights until a full garbage collection); the model owns the weights
+        # behind the pointers below and this object with them. The caches are the runner's.
+        self.kv_caches = kv_caches
+        self._kernel = kernel
+        self._model = _Model(
+            args.num_layers,
+            args.hidden_size,
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            args.intermediate_size,
+            block_size,
+            model.layers[0].input_layernorm.eps,
+            model.layers[0].self_attn.scale,
+        )
+        self._layers = (_Layer * len(layers))(*layers)
+        self._num_kv_heads = args.num_kv_heads
+
+    @classmethod
+    def build(cls, model: nn.Module, kv_caches: list, block_size: int) -> FusedDecode | None:
+        """The fused path for this model and cache, or None where it does not apply."""
+        args = model.args
+        # NOTE: the attention inside is paged_decode_kernel's: the same shapes apply.
+        if not (
+            args.num_heads % args.num_kv_heads == 0
+            and paged_decode_kernel.supports(
+                torch.bfloat16,
+                torch.device("cpu"),
+                args.num_heads,
+                args.num_kv_heads,
+                args.head_dim,
+                block_size,
+            )
+            and args.hidden_size % 16 == 0
+            and args.intermediate_size % 16 == 0
+            and all(len(cache) == 2 and cache[0].dtype == torch.bfloat16 for cache in kv_caches)
+        ):
+            return None
+        layers = [
+            _describe_layer(layer, *cache)
+            for layer, cache in zip(model.layers, kv_caches, strict=True)
+        ]
+        if any(layer is None for layer in layers):
+            return None
+        kernel = _kernel()
+        if kernel is None:
+            return None
+        logger.info("decode steps: all %d layers in one native call", args.num_layers)
+        return cls(model, layers, kv_caches, block_size, kernel)
+
+    def can_run(self, metadata: AttentionMetadata, kv_caches: list, num_tokens: int) -> bool:
+        return (
+            kv_caches is self.kv_caches
+            and metadata.decode_block_table is not None
+            and metadata.num_decode_tokens == num_tokens
+            and metadata.decode_shared_gather_index is None
+            and not metadata.prefills
+        )
+
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the last layer's MLP output, the residual stream) for embeddings x [tokens, hidden]."""
+        num_tokens = x.shape[0]
+        x = x.contiguous().clone()  # written in place, layer after layer
+        residual = torch.empty_like(x)
+        cos, sin = cos.contiguous(), sin.contiguous()
+        block_table = metadata.decode_block_table
+        num_threads = torch.get_num_threads()
+        blocks_per_part, num_parts = paged_decode_kernel.context_partitions(
+            num_tokens, self._num_kv_heads, block_table.shape[1], num_threads
+        )
+        status = self._kernel(
+            ctypes.addressof(self._model),
+            ctypes.addressof(self._layers),
+            x.data_ptr(),
+            residual.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            metadata.write_index.data_ptr(),
+            block_table.data_ptr(),
+            block_table.shape[1],
+            metadata.decode_context_lens.data_ptr(),
+            num_tokens,
+            blocks_per_part * self._model.block_size,
+            num_parts,
+            num_threads,
+        )
+        if status != 0:
+            raise RuntimeError(f"the fused decode kernel failed (status {status})")
+        return x, residual

@@ -1,0 +1,397 @@
+"""Weight-only quantization as a module swap after loading: int8 per channel, int4 per group.
+
+`quantize_model(model, "int8" | "int4", group_size)` replaces every `nn.Linear` of the decoder
+(the fused `qkv_proj` and `gate_up_proj`, `o_proj`, `down_proj`, an untied `lm_head`) and the
+token embedding with quantized modules, and drops the float weights. A tied embedding is
+quantized once, row-wise: the same int8 table serves the token lookup (rows dequantized on the
+fly) and the logits matmul. The memory targets count every weight and a 49,152 x 576 embedding
+is a fifth of SmolLM2-135M, so leaving it in bf16 would keep int8 above 55% of bf16.
+
+NOTE: the embedding / lm_head stay int8 under "int4" too. Measured on SmolLM2-135M against bf16
+(teacher-forced next-token top-1 agreement over 2,048 tokens of tests/data's text): int4 layers
+with an int8 table 0.963, everything int4 0.850 (logits KL 0.004 vs 0.067). The price is
+memory: 34.0% of bf16 with the native kernel's int4 format (35.2% in PyTorch's) instead of
+~31% for this model (the table is 21% of its weights; less for larger models).
+
+- int8: symmetric, one scale per output channel (row), codes in [-127, 127].
+- int4: asymmetric per group of `group_size` input columns. In the native kernel's format
+  where it runs (native_int4_linear.py: a bf16 scale and a uint8 zero point, fitted by least
+  squares), else min/max groups in the layout of `torch._weight_int4pack_mm_for_cpu`:
+  w = (q - 8) * scale + zero. The default group of 32 matches the Q4_1 blocks of the bundled
+  GGUF model, whose weights it then reproduces almost exactly (the scales are rounded to the
+  model dtype).
+
+Kernels: bf16 int4 layers on CPUs with AVX-512 VNNI and BF16 store their codes in the layout
+of the native kernel (native_int4_linear.py) and run it up to `native_int4_linear.MAX_TOKENS`
+tokens a step: ~2.5x PyTorch's int4 kernel at one token. Otherwise, on CPU, a step of at most
+`PACKED_KERNEL_MAX_TOKENS` tokens (decodes, logits of a few sequences) runs PyTorch's
+weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, which take bf16,
+fp16 and fp32 activations), reading half (int8) or a quarter (int4) of the bf16 bytes. Larger
+batches (prefill) dequantize the weight in row chunks and use the dense GEMM: the packed kernels
+grow about linearly with the number of tokens and lose to bf16 GEMM from ~16 tokens
+(measured: [3072, 576] weight at 16 tokens, 0.37 ms int8 kernel vs 0.21 ms bf16). Off CPU (CUDA)
+the dequantizing path is the only one.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.engine.kernels.int4_linear import MAX_TOKENS as NATIVE_INT4_MAX_TOKENS
+from inference.engine.kernels.int4_linear import (
+    Int4VnniMatmul,
+    fits_native_int4,
+    native_int4_available,
+    pack_int4_vnni,
+    quantize_int4_vnni,
+    unpack_int4_vnni,
+    unpack_int4_vnni_rows,
+)
+
+logger = logging.getLogger(__name__)
+
+QUANTIZATION_METHODS = ("none", "int8", "int4")
+INT4_GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
+DEFAULT_INT4_GROUP_SIZE = 32
+TABLE_METHOD = "int8"  # the embedding and lm_head, whatever the method (see the NOTE above)
+PACKED_KERNEL_MAX_TOKENS = 8
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Rows of int4 weight interleaved by the CPU kernel's packing (see `pack_int4`).
+INT4_ROW_BLOCK = 64
+# NOTE: dequantized chunks of ~4 MB in bf16: large enough for an efficient GEMM, small enough
+# that a 49,152-row logits matrix is never materialised in full precision.
+DEQUANT_CHUNK_ELEMENTS = 2 * 1024 * 1024
+
+
+def check_quantization(method: str, group_size: int) -> None:
+    """ValueError naming the accepted values when `method` or `group_size` is not usable."""
+    if method not in QUANTIZATION_METHODS:
+        raise ValueError(
+            f"quantization {method!r} is not supported; use one of {list(QUANTIZATION_METHODS)}"
+        )
+    if isinstance(group_size, bool) or not isinstance(group_size, int):
+        raise ValueError(f"quantization_group_size must be an integer, got {group_size!r}")
+    if method == "int4" and group_size not in INT4_GROUP_SIZES:
+        raise ValueError(
+            f"quantization_group_size {group_size} is not supported for int4; "
+            f"use one of {list(INT4_GROUP_SIZES)}"
+        )
+
+
+class QuantizedLinear(nn.Module):
+    """A weight-only quantized `nn.Linear`: y = x @ dequantize(W).T + b, in x's dtype."""
+
+    in_features: int
+    out_features: int
+    bias: torch.Tensor | None
+    max_kernel_tokens: int = PACKED_KERNEL_MAX_TOKENS
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        if x.shape[0] <= self.max_kernel_tokens and self.can_use_kernel(x):
+            y = self.kernel_matmul(x)
+        else:
+            y = self.dequantized_matmul(x)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*shape[:-1], self.out_features)
+
+    def dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """The plain PyTorch path: dequantize row chunks of W and run the dense GEMM."""
+        rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
+        rows -= rows % INT4_ROW_BLOCK
+        if rows >= self.out_features:
+            return F.linear(x, self.dequantize_rows(0, self.out_features, x.dtype))
+        out = x.new_empty(x.shape[0], self.out_features)
+        for start in range(0, self.out_features, rows):
+            end = min(start + rows, self.out_features)
+            torch.matmul(x, self.dequantize_rows(start, end, x.dtype).T, out=out[:, start:end])
+        return out
+
+    def can_use_kernel(self, x: torch.Tensor) -> bool:
+        return x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
+
+    def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantize_rows(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """Rows [start, end) of the weight in `dtype`."""
+        raise NotImplementedError
+
+    def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The weight rows `row_ids` (any shape) in `dtype`: an embedding lookup."""
+        raise NotImplementedError
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Int8Linear(QuantizedLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        w = weight.float()
+        # NOTE: the scale is rounded to the model dtype before the codes are computed, so the
+        # codes are the best ones for the scale the kernel will really use.
+        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(weight.dtype)
+        codes = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        self.register_buffer("weight_int8", codes.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("bias", bias)
+
+    def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, self.weight_int8, self.scales.to(x.dtype))
+
+    def dequantize_rows(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        codes = self.weight_int8[start:end].to(dtype)
+        return codes.mul_(self.scales[start:end, None].to(dtype))
+
+    def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        codes = self.weight_int8[row_ids].to(dtype)
+        return codes.mul_(self.scales[row_ids].to(dtype).unsqueeze(-1))
+
+
+def pack_int4(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K // 2] from int4 codes [N, K] (N a multiple of 64), in the layout that
+    `torch._convert_weight_to_int4pack_for_cpu` produces (torch 2.13): each block of 64 rows is
+    stored as [K, 32] bytes whose byte (k, j) holds row j (low nibble) and row j + 32 (high)."""
+    num_rows, num_cols = codes.shape
+    blocks = codes.to(torch.uint8).view(
+        num_rows // INT4_ROW_BLOCK, 2, INT4_ROW_BLOCK // 2, num_cols
+    )
+    packed = blocks[:, 0] | (blocks[:, 1] << 4)  # [blocks, 32, K]
+    return packed.transpose(1, 2).contiguous().view(num_rows, num_cols // 2)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `pack_int4`: uint8 codes [N, K]."""
+    num_rows, half_cols = packed.shape
+    blocks = packed.view(num_rows // INT4_ROW_BLOCK, 2 * half_cols, INT4_ROW_BLOCK // 2)
+    blocks = blocks.transpose(1, 2)  # [blocks, 32, K]
+    return torch.cat((blocks & 15, blocks >> 4), dim=1).reshape(num_rows, 2 * half_cols)
+
+
+@functools.cache
+def int4_kernel_layout_matches() -> bool:
+    """Whether this torch's CPU int4 packing is `pack_int4`'s layout (checked once)."""
+    pack = getattr(torch, "_convert_weight_to_int4pack_for_cpu", None)
+    if pack is None or not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (2 * INT4_ROW_BLOCK, 64), dtype=torch.int32, generator=generator)
+    try:
+        matches = torch.equal(pack(codes, 1), pack_int4(codes))
+    except RuntimeError:
+        matches = False
+    if not matches:
+        logger.warning("torch's int4 CPU packing changed: int4 layers run the dequantizing path")
+    return matches
+
+
+class Int4Linear(QuantizedLinear):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int) -> None:
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        if self.in_features % group_size:
+            raise ValueError(
+                f"a linear layer with {self.in_features} input features cannot be quantized in "
+                f"groups of {group_size}; choose a quantization_group_size that divides it"
+            )
+        self.group_size = group_size
+        # NOTE: rows padded to a multiple of 64 (the kernel's row block) with zeros; the extra
+        # outputs are sliced off.
+        padded_rows = -(-self.out_features // INT4_ROW_BLOCK) * INT4_ROW_BLOCK
+        w = weight.float()
+        if padded_rows != self.out_features:
+            w = torch.cat((w, w.new_zeros(padded_rows - self.out_features, self.in_features)))
+        groups = w.view(padded_rows, -1, group_size)
+        self.is_native = (
+            weight.dtype == torch.bfloat16
+            and weight.device.type == "cpu"
+            and fits_native_int4(self.in_features, group_size)
+            and native_int4_available()
+        )
+        self.register_buffer("bias", bias)
+        self._native_matmul = None
+        if self.is_native:
+            codes, scales, zero_points = quantize_int4_vnni(groups)
+            self.register_buffer("weight_int4", pack_int4_vnni(codes.view(padded_rows, -1)))
+            self.register_buffer("scales", scales)  # [num_groups, padded_rows] bf16
+            self.register_buffer("zero_points", zero_points)  # [num_groups, padded_rows] uint8
+            self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
+            self._native_matmul = Int4VnniMatmul(
+                self.weight_int4, scales, zero_points, group_size, self.out_features
+            )
+            return
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = ((high - low) / 15).clamp(min=1e-12).to(weight.dtype)
+        zeros = (low + 8 * scales.float()).to(weight.dtype)
+        codes = torch.round(
+            (groups - zeros.float()[..., None]) / scales.float()[..., None] + 8
+        ).clamp(0, 15)
+        self.register_buffer("weight_int4", pack_int4(codes.view(padded_rows, -1)))
+        # [num_groups, padded_rows, 2]: the kernel's scales_and_zeros layout
+        self.register_buffer(
+            "scales_and_zeros", torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: the decode fast path first: one check, then the kernel.
+        if (
+            self._native_matmul is not None
+            and x.dim() == 2
+            and x.shape[0] <= self.max_kernel_tokens
+            and x.dtype == torch.bfloat16
+            and x.is_contiguous()
+            and x.device.type == "cpu"
+        ):
+            y = self._native_matmul(x)
+            return y if self.bias is None else y.add_(self.bias)
+        return super().forward(x)
+
+    def can_use_kernel(self, x: torch.Tensor) -> bool:
+        if self.is_native:
+            return x.device.type == "cpu" and x.dtype == torch.bfloat16
+        return super().can_use_kernel(x) and int4_kernel_layout_matches()
+
+    def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self.is_native:
+            return self._native_matmul(x.contiguous())
+        y = torch._weight_int4pack_mm_for_cpu(
+            x, self.weight_int4, self.group_size, self.scales_and_zeros.to(x.dtype)
+        )
+        return y if y.shape[1] == self.out_features else y[:, : self.out_features]
+
+    def dequantize_rows(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        # NOTE: unpacking works on whole 64-row blocks; `start` is always a multiple of 64.
+        block_end = -(-end // INT4_ROW_BLOCK) * INT4_ROW_BLOCK
+        if self.is_native:
+            codes = unpack_int4_vnni(self.weight_int4[start:block_end])[: end - start]
+            return self._dequantize_native(codes, slice(start, end), dtype)
+        codes = unpack_int4(self.weight_int4[start:block_end])[: end - start]
+        return self._dequantize(codes, self.scales_and_zeros[:, start:end], dtype)
+
+    def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        flat_ids = row_ids.reshape(-1)
+        if self.is_native:
+            codes = unpack_int4_vnni_rows(self.weight_int4, flat_ids)
+            rows = self._dequantize_native(codes, flat_ids, dtype)
+            return rows.view(*row_ids.shape, self.in_features)
+        blocks = self.weight_int4.view(-1, self.in_features, INT4_ROW_BLOCK // 2)
+        half = INT4_ROW_BLOCK // 2
+        # [tokens, K] bytes: column (id % 32) of the id's block, high nibble for ids % 64 >= 32
+        raw = blocks[
+            (flat_ids // INT4_ROW_BLOCK)[:, None],
+            torch.arange(self.in_features),
+            (flat_ids % half)[:, None],
+        ]
+        codes = torch.where((flat_ids % INT4_ROW_BLOCK >= half)[:, None], raw >> 4, raw & 15)
+        rows = self._dequantize(codes, self.scales_and_zeros[:, flat_ids], dtype)
+        return rows.view(*row_ids.shape, self.in_features)
+
+    def _dequantize(
+        self, codes: torch.Tensor, scales_and_zeros: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """codes [rows, K] with their scales_and_zeros [groups, rows, 2] -> [rows, K]."""
+        num_rows = codes.shape[0]
+        scales = scales_and_zeros[..., 0].T.to(dtype).unsqueeze(-1)  # [rows, groups, 1]
+        zeros = scales_and_zeros[..., 1].T.to(dtype).unsqueeze(-1)
+        grouped = codes.view(num_rows, -1, self.group_size).to(dtype).sub_(8)
+        return grouped.mul_(scales).add_(zeros).view(num_rows, self.in_features)
+
+    def _dequantize_native(
+        self, codes: torch.Tensor, rows: slice | torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """codes [rows, K] of the native format's `rows` -> weights [rows, K] (see
+        `quantize_int4_vnni`): s (q - zero_point / 16), in float32, then rounded to `dtype`."""
+        num_rows = codes.shape[0]
+        scales = self.scales[:, rows].T.float().unsqueeze(-1)  # [rows, groups, 1]
+        offsets = self.zero_points[:, rows].T.float().unsqueeze(-1) / 16
+        grouped = codes.view(num_rows, -1, self.group_size).float().sub_(offsets).mul_(scales)
+        return grouped.view(num_rows, self.in_features).to(dtype)
+
+
+class QuantizedEmbedding(nn.Module):
+    """Token lookup from a quantized weight table (rows dequantized per lookup).
+
+    For tied models `table` is also the model's `lm_head`, so one quantized copy serves both.
+    """
+
+    def __init__(self, table: QuantizedLinear, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.table = table
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.table.dequantize_row_ids(input_ids, self.dtype)
+
+
+def quantize_linear(linear: nn.Linear, method: str, group_size: int) -> QuantizedLinear:
+    weight = linear.weight.detach()
+    bias = None if linear.bias is None else linear.bias.detach()
+    if method == "int8":
+        return Int8Linear(weight, bias)
+    return Int4Linear(weight, bias, group_size)
+
+
+def quantize_model(
+    model: nn.Module, method: str, group_size: int = DEFAULT_INT4_GROUP_SIZE
+) -> nn.Module:
+    """Swap the model's linear layers and token embedding for quantized ones, in place.
+
+    `method` "none" leaves the model as it is. The float weights are released as each module is
+    replaced, so peak memory grows by one layer, not one model.
+    """
+    check_quantization(method, group_size)
+    if method == "none":
+        return model
+    before = model_weight_bytes(model)
+    with torch.no_grad():
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear):
+                    child_method = TABLE_METHOD if name == "lm_head" else method
+                    setattr(parent, name, quantize_linear(child, child_method, group_size))
+        embedding = getattr(model, "embed_tokens", None)
+        if isinstance(embedding, nn.Embedding):
+            dtype = embedding.weight.dtype
+            table = quantize_linear(_as_linear(embedding), TABLE_METHOD, group_size)
+            model.embed_tokens = QuantizedEmbedding(table, dtype)
+            if getattr(model, "lm_head", "absent") is None:
+                # NOTE: a tied model's logits use the same table (see LlamaForCausalLM).
+                model.lm_head = table
+    logger.info(
+        "quantized weights to %s%s: %.1f MiB -> %.1f MiB",
+        method,
+        f" (groups of {group_size})" if method == "int4" else "",
+        before / 2**20,
+        model_weight_bytes(model) / 2**20,
+    )
+    return model
+
+
+def _as_linear(embedding: nn.Embedding) -> nn.Linear:
+    with torch.device("meta"):
+        linear = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False)
+    linear.weight = embedding.weight
+    return linear
+
+
+def model_weight_bytes(model: nn.Module) -> int:
+    """Bytes of all weights: parameters and buffers (packed codes, scales), shared ones once."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        # NOTE: oneDNN-packed weights (packed_linear.py) are opaque: no data pointer to share.
+        key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+        if tensor.device.type == "meta" or key in seen:
+            continue
+        seen.add(key)
+        total += tensor.numel() * tensor.element_size()
+    return total

@@ -1,0 +1,73 @@
+"""bench.engine at smoke sizes: the harness runs end to end and reports every figure."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import engine as bench
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_smoke_benchmark_prints_engine_and_hf_figures_with_ratios(
+    chat_model_dir, capsys
+) -> None:
+    result = bench.main(["--json", "--smoke", "--model-dir", str(chat_model_dir)])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed == result
+    for side in ("engine", "hf"):
+        figures = printed[side]
+        assert figures["cold_ttft_s"] > 0
+        assert figures["warm_ttft_s"] > 0
+        assert figures["decode_tok_s"] > 0
+        assert set(figures["throughput_tok_s"]) == {"1", "2"}
+        assert figures["peak_rss_mb"] > 100
+    # The warm request shares the system prompt with the cold one: the prefix cache serves it.
+    assert printed["engine"]["warm_cached_tokens"] >= 32
+    assert set(printed["ratios"]) == {
+        "engine_warm_over_cold_ttft",
+        "engine_over_hf_decode",
+        "engine_over_hf_throughput_1",
+        "engine_over_hf_throughput_2",
+    }
+
+
+def test_prompts_have_the_requested_shape(chat_model_dir) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(chat_model_dir)
+    workload = bench.Workload(system_tokens=100, user_tokens=30)
+    first, second = bench.build_prompts(tokenizer, workload, 2, first_seed=1)
+    shared = next(i for i, (a, b) in enumerate(zip(first, second, strict=False)) if a != b)
+    assert 100 <= shared <= 115  # the system turn (plus template tokens) is a common prefix
+    assert 130 <= len(first) <= 150
+    assert first != second
+
+
+def test_the_smoke_optimization_table_measures_every_row_and_writes_markdown_and_a_chart(
+    chat_model_dir, tmp_path, capsys
+) -> None:
+    from bench.optimization_table import ROWS
+
+    out, chart = tmp_path / "benchmarks.md", tmp_path / "charts" / "benchmarks.png"
+    argv = ["--table", "--smoke", "--model-dir", str(chat_model_dir)]
+    table = bench.main([*argv, "--out", str(out), "--chart", str(chart)])
+    assert json.loads(capsys.readouterr().out) == table
+    rows = table["rows"]
+    assert [row["name"] for row in rows] == [row.name for row in ROWS]
+    for row in rows:
+        assert row["ttft_p50_s"] > 0 and row["single_tok_s"] > 0 and row["throughput_tok_s"] > 0
+        assert row["kv_peak_mb"] > 0 and 1 < row["perplexity"] < 100
+    by_name = {row["name"]: row for row in rows}
+    bf16 = by_name["+ continuous batching"]
+    assert by_name["+ int8 weights"]["weights_mb"] < 0.6 * bf16["weights_mb"]
+    assert by_name["+ int4 weights"]["weights_mb"] < by_name["+ int8 weights"]["weights_mb"]
+    assert bf16["perplexity_change"] == 0.0  # the reference format
+    speculative = table["speculative_extractive"]
+    assert speculative["identical_text"] and speculative["acceptance_rate"] > 0
+    markdown = out.read_text()
+    assert markdown.count("\n| ") == len(ROWS) + 1  # header + one line per row
+    assert "![optimization chart](charts/benchmarks.png)" in markdown
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

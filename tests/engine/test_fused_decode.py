@@ -1,0 +1,166 @@
+"""All decoder layers of a decode step in one native call, against the layer-by-layer path on
+the real model (SmolLM2-135M in bf16 and int4)."""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+
+from inference.engine import kernels as native_kernels
+from inference.engine.layers.attention import CASCADE_MIN_SHARED_TOKENS, build_attention_metadata
+from inference.engine.model_runner import BatchEntry, ModelRunner
+from tests.real_engine import float32_runner
+
+pytestmark = pytest.mark.skipif(
+    native_kernels.load_kernel("decode_layers") is None,
+    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16/VNNI and AMX, and a compiler",
+)
+
+BLOCKS_PER_SEQ = 40  # 640 tokens
+
+
+def runner(model_dir, quantization: str) -> ModelRunner:
+    return ModelRunner(
+        model_dir,
+        dtype=torch.bfloat16,
+        kv_cache_bytes=64 * 2**20,
+        block_size=16,
+        max_model_len=1024,
+        quantization=quantization,
+    )
+
+
+@pytest.fixture(scope="module", params=["none", "int4"])
+def fused_runner(request, chat_model_dir) -> ModelRunner:
+    return runner(chat_model_dir, request.param)
+
+
+def prefill(model_runner: ModelRunner, lengths: list[int]) -> list[tuple[list[int], list[int]]]:
+    """Random prompts of `lengths` prefilled in their own blocks: [(token ids, block table)]."""
+    generator = torch.Generator().manual_seed(sum(lengths))
+    sequences = []
+    for index, length in enumerate(lengths):
+        tokens = torch.randint(100, 20_000, (length,), generator=generator).tolist()
+        table = list(range(index * BLOCKS_PER_SEQ, (index + 1) * BLOCKS_PER_SEQ))
+        for start in range(0, length, 256):
+            model_runner.execute([BatchEntry(tokens[start : start + 256], start, table)])
+        sequences.append((tokens, table))
+    return sequences
+
+
+def decode(model_runner: ModelRunner, sequences, num_steps: int, fused: bool) -> list[torch.Tensor]:
+    """Greedy decode steps of all `sequences` together; the logits of each step."""
+    saved = model_runner.model.fused_decode
+    model_runner.model.fused_decode = saved if fused else None
+    try:
+        tokens = [list(seq) for seq, _ in sequences]
+        next_ids = [42 + i for i in range(len(sequences))]
+        steps = []
+        for _ in range(num_steps):
+            entries = [
+                BatchEntry([next_id], len(seq), table)
+                for next_id, seq, (_, table) in zip(next_ids, tokens, sequences, strict=True)
+            ]
+            logits = model_runner.execute(entries)
+            steps.append(logits)
+            for seq, next_id in zip(tokens, next_ids, strict=True):
+                seq.append(next_id)
+            next_ids = logits.argmax(-1).tolist()
+        return steps
+    finally:
+        model_runner.model.fused_decode = saved
+
+
+def test_bf16_and_native_int4_models_get_the_fused_path(fused_runner):
+    assert fused_runner.model.fused_decode is not None
+
+
+@pytest.mark.parametrize("lengths", [[600], [300, 517, 64]])
+def test_fused_steps_give_the_layer_by_layer_logits_bit_for_bit(fused_runner, lengths):
+    # NOTE: each path decodes from its own prefill, so later steps read the keys and values
+    # that path wrote to the cache.
+    layer_by_layer = decode(fused_runner, prefill(fused_runner, lengths), 12, fused=False)
+    fused = decode(fused_runner, prefill(fused_runner, lengths), 12, fused=True)
+    for expected, actual in zip(layer_by_layer, fused, strict=True):
+        assert torch.equal(actual, expected)
+
+
+def test_steps_with_a_prefill_or_a_shared_prefix_take_the_layer_by_layer_path(fused_runner):
+    fused = fused_runner.model.fused_decode
+    caches = fused_runner.kv_cache.layers
+
+    def metadata(query_lens, computed, tables):
+        return build_attention_metadata(
+            query_lens, computed, tables, block_size=16, num_kv_heads=3, decode_kernel=True
+        )
+
+    decodes = metadata([1, 1], [40, 70], [[0, 1, 2], [5, 6, 7, 8, 9]])
+    assert fused.can_run(decodes, caches, 2)
+    mixed = metadata([1, 30], [40, 0], [[0, 1, 2], [5, 6]])
+    assert not fused.can_run(mixed, caches, 31)
+    shared = list(range(CASCADE_MIN_SHARED_TOKENS // 16))
+    context = len(shared) * 16 + 20
+    shared_prefix = metadata([1, 1], [context] * 2, [[*shared, 90, 91], [*shared, 92, 93]])
+    assert shared_prefix.decode_shared_gather_index is not None
+    assert not fused.can_run(shared_prefix, caches, 2)
+    assert not fused.can_run(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
+
+
+def test_int8_weights_and_float32_models_keep_the_layer_by_layer_path(chat_model_dir):
+    assert runner(chat_model_dir, "int8").model.fused_decode is None
+    float32 = float32_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
+    assert float32.model.fused_decode is None
+
+
+def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_runner):
+    generator = torch.Generator().manual_seed(5)
+    shared = torch.randint(100, 20_000, (160,), generator=generator).tolist()
+    sequences = []
+    for index in range(3):
+        own = torch.randint(100, 20_000, (90 + 40 * index,), generator=generator).tolist()
+        table = list(range(10)) + list(range(100 + 12 * index, 112 + 12 * index))
+        fused_runner.execute([BatchEntry(shared + own if index == 0 else own, 0 if index == 0
+                                         else 160, table)])  # fmt: skip
+        sequences.append((shared + own, table))
+    entries = [BatchEntry([7], len(tokens), table) for tokens, table in sequences]
+    for cascade in (True, False):
+        metadata = build_attention_metadata(
+            [1] * 3,
+            [len(tokens) for tokens, _ in sequences],
+            [table for _, table in sequences],
+            block_size=16,
+            num_kv_heads=3,
+            decode_kernel=True,
+            cascade=cascade,
+        )
+        assert (metadata.decode_shared_gather_index is not None) == cascade
+    fused = fused_runner.execute(entries)
+    saved, fused_runner.model.fused_decode = fused_runner.model.fused_decode, None
+    try:
+        cascade = fused_runner.execute(entries)  # the layer-by-layer path attends in cascade
+    finally:
+        fused_runner.model.fused_decode = saved
+    assert torch.equal(fused.argmax(-1), cascade.argmax(-1))
+    assert (fused - cascade).abs().max() < 0.05 * cascade.abs().max()
+
+
+def test_the_environment_can_turn_the_fused_path_off(chat_model_dir, monkeypatch):
+    monkeypatch.setenv("CACHET_FUSED_DECODE", "0")
+    assert runner(chat_model_dir, "none").model.fused_decode is None
+
+
+def test_a_dropped_runner_frees_its_model_without_waiting_for_the_garbage_collector(
+    chat_model_dir,
+):
+    dropped = runner(chat_model_dir, "int4")
+    assert dropped.model.fused_decode is not None
+    model = weakref.ref(dropped.model)
+    gc.disable()
+    try:
+        del dropped
+        assert model() is None
+    finally:
+        gc.enable()

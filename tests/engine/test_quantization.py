@@ -1,0 +1,228 @@
+"""Weight-only quantization (int8, int4) and the int8 KV cache: accuracy, kernels, wiring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from inference.engine.config import ConfigError, EngineConfig
+from inference.engine.kv_cache import KVCacheSpec, dequantize_kv, quantize_kv
+from inference.engine.layers.quantization import (
+    PACKED_KERNEL_MAX_TOKENS,
+    Int4Linear,
+    Int8Linear,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    check_quantization,
+    model_weight_bytes,
+    pack_int4,
+    quantize_linear,
+    quantize_model,
+    unpack_int4,
+)
+from inference.engine.loader import load_model
+from inference.engine.model_runner import BatchEntry, ModelRunner
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def make_linear(out_features: int, in_features: int, dtype: torch.dtype) -> nn.Linear:
+    torch.manual_seed(0)
+    linear = nn.Linear(in_features, out_features).to(dtype)
+    with torch.no_grad():
+        linear.weight.normal_(0, 0.05)
+        linear.bias.normal_(0, 0.1)
+    return linear
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("method", "bound"), [("int8", 0.01), ("int4", 0.1)])
+def test_quantized_linear_stays_close_to_the_float_layer(method, bound, dtype):
+    linear = make_linear(192, 256, dtype)
+    quantized = quantize_linear(linear, method, 32)
+    for num_tokens in (1, PACKED_KERNEL_MAX_TOKENS + 5):
+        x = torch.randn(num_tokens, 256, dtype=dtype)
+        expected = nn.functional.linear(x.float(), linear.weight.float(), linear.bias.float())
+        y = quantized(x)
+        assert y.dtype == dtype
+        assert y.shape == (num_tokens, 192)
+        assert relative_error(y, expected) < bound
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_packed_kernel_and_plain_pytorch_fallback_agree(method, dtype):
+    quantized = quantize_linear(make_linear(320, 128, dtype), method, 64)
+    x = torch.randn(3, 128, dtype=dtype)
+    assert quantized.can_use_kernel(x)
+    kernel = quantized.kernel_matmul(x)
+    fallback = quantized.dequantized_matmul(x)
+    tolerance = 2e-2 if dtype is torch.bfloat16 else 1e-4
+    assert relative_error(kernel, fallback) < tolerance
+
+
+def test_int4_rows_that_are_not_a_multiple_of_64_are_padded_and_sliced_off():
+    linear = make_linear(100, 64, torch.float32)
+    quantized = quantize_linear(linear, "int4", 32)
+    x = torch.randn(2, 64)
+    assert quantized(x).shape == (2, 100)
+    torch.testing.assert_close(quantized(x), quantized.dequantized_matmul(x) + linear.bias)
+
+
+@pytest.mark.parametrize("num_cols", [64, 576, 1536])
+def test_int4_packing_is_the_cpu_kernels_layout_and_unpacks_to_the_codes(num_cols):
+    codes = torch.randint(0, 16, (192, num_cols), dtype=torch.int32)
+    packed = pack_int4(codes)
+    assert torch.equal(packed, torch._convert_weight_to_int4pack_for_cpu(codes, 1))
+    assert torch.equal(unpack_int4(packed), codes.to(torch.uint8))
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_embedding_lookup_returns_the_dequantized_rows(method):
+    table = quantize_linear(make_linear(256, 64, torch.bfloat16), method, 32)
+    embedding = QuantizedEmbedding(table, torch.bfloat16)
+    ids = torch.tensor([[0, 1, 31, 32], [63, 64, 200, 255]])
+    rows = embedding(ids)
+    assert rows.shape == (2, 4, 64)
+    assert torch.equal(rows, table.dequantize_rows(0, 256, torch.bfloat16)[ids])
+
+
+@pytest.mark.parametrize(
+    ("method", "group_size", "message"),
+    [
+        (
+            "int3",
+            32,
+            r"quantization 'int3' is not supported; use one of \['none', 'int8', 'int4'\]",
+        ),
+        ("int4", 48, r"quantization_group_size 48 is not supported for int4; use one of \[32"),
+        ("int4", "32", "quantization_group_size must be an integer"),
+    ],
+)
+def test_bad_method_or_group_size_is_refused_with_the_accepted_values(method, group_size, message):
+    with pytest.raises(ValueError, match=message):
+        check_quantization(method, group_size)
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig("d", quantization=method, quantization_group_size=group_size)
+
+
+def test_a_bad_kv_cache_dtype_is_refused_with_the_accepted_values():
+    with pytest.raises(ConfigError, match=r"kv_cache_dtype 'fp4' .* \['auto', 'int8'\]"):
+        EngineConfig("d", kv_cache_dtype="fp4")
+
+
+def test_a_layer_whose_width_the_group_size_does_not_divide_is_refused():
+    with pytest.raises(ValueError, match="96 input features cannot be quantized in groups of 64"):
+        Int4Linear(torch.randn(64, 96), None, 64)
+
+
+def test_int8_kv_quantization_round_trips_each_row_within_its_scale():
+    x = torch.randn(50, 3, 64, dtype=torch.bfloat16) * 4
+    codes, scales = quantize_kv(x)
+    assert codes.dtype is torch.int8
+    assert scales.shape == (50, 3)
+    restored = dequantize_kv(codes, scales, torch.bfloat16)
+    assert relative_error(restored, x) < 0.01
+
+
+def test_an_int8_kv_cache_takes_about_half_the_bytes_per_token():
+    bf16 = KVCacheSpec(30, 3, 64, 16, torch.bfloat16)
+    int8 = KVCacheSpec(30, 3, 64, 16, torch.bfloat16, cache_dtype="int8")
+    assert bf16.bytes_per_token == 2 * 30 * 3 * 64 * 2
+    assert int8.bytes_per_token == 2 * 30 * 3 * (64 + 2)
+    assert int8.bytes_per_block == 16 * int8.bytes_per_token
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+# NOTE: logits of a random 2-layer model (wide initialisation) drift ~0.2 under int4; the real
+# model's bounds are in test_quality.py.
+@pytest.mark.parametrize(("method", "bound"), [("int8", 0.1), ("int4", 0.3)])
+def test_quantize_model_swaps_every_linear_and_the_embedding_and_frees_the_float_weights(
+    tiny_model_dir, kind, method, bound
+):
+    float_runner = make_tiny_runner(tiny_model_dir(kind))
+    runner = make_tiny_runner(tiny_model_dir(kind), quantization=method)
+    model = runner.model
+    assert not [m for m in model.modules() if type(m) in (nn.Linear, nn.Embedding)]
+    assert isinstance(model.embed_tokens, QuantizedEmbedding)
+    assert isinstance(model.lm_head, QuantizedLinear)
+    owners = {name.split(".")[-2] for name, _ in model.named_parameters()}
+    assert owners <= {"input_layernorm", "post_attention_layernorm", "norm"}
+    assert runner.weight_bytes == model_weight_bytes(model)
+    assert runner.weight_bytes < 0.6 * float_runner.weight_bytes
+    prompt = BatchEntry(list(range(3, 40)), 0, [0, 1, 2])
+    expected = float_runner.execute([prompt])
+    assert relative_error(runner.execute([prompt]), expected) < bound
+
+
+def test_a_tied_model_quantizes_its_embedding_once_for_lookup_and_logits(tiny_model_dir):
+    model = make_tiny_runner(tiny_model_dir("llama"), quantization="int4").model
+    assert model.lm_head is model.embed_tokens.table
+    assert isinstance(model.lm_head, Int8Linear)  # the table stays int8 (quantization.py)
+
+
+def test_quantizing_with_none_leaves_the_model_untouched(tiny_model_dir):
+    model = make_tiny_runner(tiny_model_dir("qwen2")).model
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert quantize_model(model, "none") is model
+    assert linears == [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def test_a_model_runner_with_an_int8_kv_cache_stays_close_to_the_float_cache(tiny_model_dir):
+    float_runner = make_tiny_runner(tiny_model_dir("llama"))
+    runner = make_tiny_runner(tiny_model_dir("llama"), kv_cache_dtype="int8")
+    assert runner.kv_cache.layers[0][0].dtype is torch.int8
+    assert len(runner.kv_cache.layers[0]) == 4
+    prompt = list(range(5, 45))
+    for r in (float_runner, runner):  # a chunked prefill, then decodes that read the cache
+        r.execute([BatchEntry(prompt[:24], 0, [0, 1, 2])])
+        r.execute([BatchEntry(prompt[24:], 24, [0, 1, 2])])
+    decode = [BatchEntry([7], 40, [0, 1, 2]), BatchEntry([9], 40, [0, 1, 2])]
+    assert relative_error(runner.execute(decode), float_runner.execute(decode)) < 0.05
+
+
+def make_tiny_runner(model_dir, **options) -> ModelRunner:
+    return ModelRunner(
+        model_dir,
+        dtype=torch.float32,
+        kv_cache_bytes=2**20,
+        block_size=16,
+        max_model_len=64,
+        **options,
+    )
+
+
+# ---- the real model through the engine ----
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("quantization", "kv_cache_dtype", "max_weight_share"),
+    [("int8", "auto", 0.55), ("int4", "int8", 0.36), ("none", "int8", 1.0)],
+)
+def test_the_engine_generates_with_quantized_weights_and_kv_cache(
+    chat_model_dir, quantization, kv_cache_dtype, max_weight_share
+):
+    from inference.engine.core.sampling_params import SamplingParams
+    from inference.engine.engine import Engine
+
+    settings = {"kv_cache_mb": 32, "max_model_len": 512, "dtype": "bfloat16"}
+    config = EngineConfig(
+        chat_model_dir, quantization=quantization, kv_cache_dtype=kv_cache_dtype, **settings
+    )
+    engine = Engine(config)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        results = engine.generate(["The capital of France is", "Water boils at"], params)
+    finally:
+        engine.shutdown()
+    assert [len(r.token_ids) for r in results] == [24, 24]
+    assert all(r.text.strip() for r in results)
+    bf16_model = load_model(chat_model_dir, dtype=torch.bfloat16).model
+    assert engine.runner.weight_bytes <= max_weight_share * model_weight_bytes(bf16_model)
+    assert engine.runner.kv_cache.spec.cache_dtype == kv_cache_dtype

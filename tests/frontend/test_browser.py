@@ -1,0 +1,200 @@
+"""The browser UI end to end: headless Chromium against a real server process and the real model.
+
+Log in, ask about an ingested document, see the dots, then streamed text, then the sources; stop
+works mid-answer; a second user cannot open the first user's chat. Screenshots are saved under
+CACHET_TEST_ARTIFACTS (default var/test-artifacts) as test artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from harness.live_server import LiveServer
+
+pytestmark = pytest.mark.slow
+
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS_DIR = Path(os.environ.get("CACHET_TEST_ARTIFACTS", "var/test-artifacts"))
+HANDBOOK = (
+    "# Staff handbook\n\n## Leave\nEvery employee gets thirty days of paid holiday each year. "
+    "Unused holiday can be carried over until the end of March.\n\n## Travel\nTrains are "
+    "preferred over flights for trips shorter than 600 kilometres.\n"
+)
+SETUP = f"""
+from django.contrib.auth.models import User
+from django.core.files.base import ContentFile
+from chat.models import AssistantProfile
+from retrieval.ingest import ingest
+from retrieval.models import Collection, Document
+from retrieval.search import get_retriever
+
+alice = User.objects.create_user("alice", password="alice-secret-pw")
+User.objects.create_user("bob", password="bob-secret-pw")
+User.objects.create_user("carol", password="carol-secret-pw", is_staff=True)
+handbook = Collection.objects.create(name="Handbook")
+handbook.readers.add(alice)
+document = Document.objects.create(
+    collection=handbook, title="handbook.md",
+    file=ContentFile({HANDBOOK!r}.encode(), name="handbook.md"),
+)
+ingest(document.pk, get_retriever())
+AssistantProfile.objects.create(name="Assistant", is_default=True, temperature=0, max_tokens=160)
+"""
+TIMEOUT_MS = 90_000
+
+
+@pytest.fixture(scope="module")
+def server(chat_model_dir):
+    with LiveServer(models_dir=chat_model_dir.parent) as live:
+        live.shell(SETUP)
+        live.start()
+        yield live
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.fail("the browser tests need Debian's chromium: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        # NOTE: launch() runs Chromium on a fresh temporary profile of its own each time.
+        browser = playwright.chromium.launch(
+            executable_path=str(CHROMIUM),
+            args=["--no-sandbox", "--disable-background-networking", "--disable-component-update"],
+        )
+        yield browser
+        browser.close()
+
+
+def log_in(browser, server, username: str, password: str, **context_options):
+    context = browser.new_context(**context_options)
+    page = context.new_page()
+    page.set_default_timeout(TIMEOUT_MS)
+    page.goto(f"{server.url}/")
+    assert page.url.startswith(f"{server.url}/login/")
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("button[type=submit]")
+    page.wait_for_url(f"{server.url}/")
+    page.wait_for_selector("#connection-status", state="attached")
+    return page
+
+
+def screenshot(page, name: str) -> None:
+    ARTIFACTS_DIR.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS_DIR / name), full_page=True)
+
+
+RECORD_STREAM = """() => {
+  window.__contentLengths = [];
+  const observer = new MutationObserver(() => {
+    const bubbles = document.querySelectorAll('.message.assistant .content');
+    const last = bubbles[bubbles.length - 1];
+    if (last) window.__contentLengths.push(last.textContent.length);
+  });
+  observer.observe(document.getElementById('messages'),
+                   {childList: true, subtree: true, characterData: true});
+}"""
+
+
+def send(page, text: str) -> None:
+    page.fill("#message-input", text)
+    page.keyboard.press("Enter")
+
+
+def test_a_user_asks_about_a_document_and_sees_dots_then_streamed_text_then_sources(
+    browser, server
+) -> None:
+    page = log_in(browser, server, "alice", "alice-secret-pw")
+    page.evaluate(RECORD_STREAM)
+    question = "How many days of paid holiday does an employee get?"
+    send(page, question)
+
+    # The question shows at once, then the dots, then tokens replace them.
+    assert page.locator(".message.user").last.inner_text().strip() == question
+    page.wait_for_selector(".message.assistant .typing-dots", state="visible")
+    page.wait_for_selector(".message.assistant .stats", state="visible")
+    screenshot(page, "chat-answer.png")
+    assert page.locator(".message.assistant .typing-dots").count() == 0
+
+    answer = page.locator(".message.assistant .content").last.inner_text()
+    assert answer.strip()
+    lengths = page.evaluate("window.__contentLengths")
+    growth = sorted({n for n in lengths if n > 0})
+    assert len(growth) >= 3, f"the answer did not stream: {lengths}"
+
+    sources = page.locator(".message.assistant .sources a.source-link")
+    assert sources.count() >= 1
+    assert "handbook.md" in sources.first.inner_text()
+    assert "TTFT" in page.locator(".message.assistant .stats").last.inner_text()
+
+    # The chat is listed and its URL is the conversation's.
+    page.wait_for_url(f"{server.url}/c/*/")
+    assert page.locator("#conversation-list li[data-conversation-id]").count() == 1
+
+    # The source link opens the document at the cited passage.
+    href = sources.first.get_attribute("href")
+    document_page = page.context.new_page()
+    document_page.goto(f"{server.url}{href}")
+    assert "thirty days of paid holiday" in document_page.inner_text("body")
+    document_page.close()
+    page.context.close()
+
+
+def test_stop_ends_the_answer_mid_stream_and_keeps_what_was_written(browser, server) -> None:
+    page = log_in(
+        browser, server, "alice", "alice-secret-pw", viewport={"width": 375, "height": 740}
+    )
+    send(page, "Write a long, detailed story about a lighthouse keeper and the sea.")
+    page.wait_for_function(
+        "() => { const c = document.querySelectorAll('.message.assistant .content');"
+        " return c.length && c[c.length - 1].textContent.trim().length > 20; }"
+    )
+    page.click("#stop-button")
+    stats = page.locator(".message.assistant .stats").last
+    stats.wait_for(state="visible")
+    answer = page.locator(".message.assistant").last
+    assert "stopped" in answer.inner_text().lower()
+    text_at_stop = answer.locator(".content").inner_text()
+    page.wait_for_timeout(1000)
+    assert answer.locator(".content").inner_text() == text_at_stop  # nothing more arrives
+    assert page.locator("#send-button").is_visible()
+    screenshot(page, "chat-stopped-phone.png")
+    page.context.close()
+
+
+def test_a_second_user_cannot_open_the_first_users_chat(browser, server) -> None:
+    alice = log_in(browser, server, "alice", "alice-secret-pw")
+    alice.wait_for_selector("#conversation-list li[data-conversation-id]")
+    conversation_id = alice.get_attribute(
+        "#conversation-list li[data-conversation-id]", "data-conversation-id"
+    )
+    alice.context.close()
+
+    bob = log_in(browser, server, "bob", "bob-secret-pw")
+    bob.wait_for_load_state("networkidle")  # the sidebar's list has loaded
+    assert bob.locator("#conversation-list li[data-conversation-id]").count() == 0
+    response = bob.goto(f"{server.url}/c/{conversation_id}/")
+    assert response.status == 404
+    api = bob.request.get(f"{server.url}/chat/api/conversations/{conversation_id}/")
+    assert api.status == 404
+    bob.context.close()
+
+
+def test_staff_upload_a_document_and_watch_it_become_ready(browser, server, tmp_path) -> None:
+    page = log_in(browser, server, "carol", "carol-secret-pw")
+    notes = tmp_path / "office-notes.md"
+    notes.write_text("# Office\n\nThe office kitchen is cleaned every Friday afternoon.\n")
+    page.click("#upload-details > summary")
+    page.select_option("#upload-collection", label="Handbook")
+    page.set_input_files("#upload-file", str(notes))
+    page.click("#upload-button")
+    progress = page.locator(".upload-progress").first
+    page.wait_for_selector('.upload-progress[data-status="ready"]')
+    assert "office-notes.md" in progress.inner_text()
+    assert "Ready" in progress.inner_text()
+    page.context.close()
