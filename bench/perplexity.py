@@ -12,8 +12,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from inference.engine import ModelRunner
-from inference.engine.layers.attention import build_attention_metadata
+from inference.engine import BatchEntry, ModelRunner
 
 
 def perplexity(
@@ -33,27 +32,15 @@ def perplexity(
             f"{runner.num_kv_blocks}"
         )
     total_nll, num_predicted = 0.0, 0
-    with torch.inference_mode():
-        for start in range(0, len(token_ids) - 1, window):
-            window_ids = token_ids[start : start + window]
-            for offset in range(0, len(window_ids) - 1, chunk):
-                chunk_ids = window_ids[offset : offset + chunk]
-                targets = torch.tensor(window_ids[offset + 1 : offset + chunk + 1])
-                metadata = build_attention_metadata(
-                    [len(chunk_ids)],
-                    [offset],
-                    [block_table],
-                    block_size=block_size,
-                    num_kv_heads=runner.model.args.num_kv_heads,
-                    device=runner.device,
-                )
-                hidden = runner.model(
-                    torch.tensor(chunk_ids, device=runner.device),
-                    metadata.positions,
-                    metadata,
-                    runner.kv_cache.layers,
-                )
-                logits = runner.model.compute_logits(hidden[: len(targets)]).float()
-                total_nll += F.cross_entropy(logits.cpu(), targets, reduction="sum").item()
-                num_predicted += len(targets)
+    for start in range(0, len(token_ids) - 1, window):
+        window_ids = token_ids[start : start + window]
+        for offset in range(0, len(window_ids) - 1, chunk):
+            chunk_ids = window_ids[offset : offset + chunk]
+            targets = torch.tensor(window_ids[offset + 1 : offset + chunk + 1])
+            # NOTE: the logits of every token of the chunk (the last one's target, at the end
+            # of a window, is not in the window: it is dropped).
+            entry = BatchEntry(chunk_ids, offset, block_table, num_logits=len(chunk_ids))
+            logits = runner.execute([entry])[: len(targets)]
+            total_nll += F.cross_entropy(logits.cpu(), targets, reduction="sum").item()
+            num_predicted += len(targets)
     return math.exp(total_nll / num_predicted)

@@ -21,7 +21,7 @@ from inference.engine.layers.quantization import (
     model_weight_bytes,
 )
 from inference.engine.loader import SUPPORTED_MODEL_TYPES
-from inference.engine.model_runner import ModelRunner
+from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.outputs import (
     Delta,
     EngineClosedError,
@@ -35,6 +35,7 @@ __all__ = [
     "DEFAULT_INT4_GROUP_SIZE",
     "MAX_SPECULATIVE_TOKENS",
     "SUPPORTED_MODEL_TYPES",
+    "BatchEntry",
     "ConfigError",
     "Delta",
     "Engine",

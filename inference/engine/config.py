@@ -62,17 +62,20 @@ def parse_dtype(value: str | torch.dtype, device: str = "cpu") -> torch.dtype:
 
 @dataclass(slots=True)
 class EngineConfig:
-    """Settings for one `Engine`.
+    """Settings for one `Engine`: the one list of the engine's knobs and their defaults.
 
     `kv_cache_mb` is the memory given to the paged KV cache; the model runner turns it into a
     number of blocks of `block_size` tokens. `max_num_batched_tokens` is the token budget of one
     step (decode tokens plus prefill chunks); prompts longer than it are prefilled in chunks.
+
+    NOTE: the field names are part of the interface: Django's settings and the admin's
+    ModelConfig map onto them by name (inference/runtime.py).
     """
 
     model_dir: Path | str
     dtype: str | torch.dtype = "auto"
     max_model_len: int = 2048
-    kv_cache_mb: float = 256.0
+    kv_cache_mb: float = 512.0
     block_size: int = 16
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
@@ -95,6 +98,12 @@ class EngineConfig:
     speculative_ngram_min: int = 2
     speculative_ngram_max: int = 3
     speculative_max_num_seqs: int = 4
+    # The native CPU kernels (kernels/) where the CPU and the model allow them; False: the
+    # PyTorch path only. fused_decode: pure decode steps run all layers in one native call
+    # (kernels/decode_layers.py); False runs them layer by layer, with the same results bit for
+    # bit (for comparisons).
+    native_kernels: bool = True
+    fused_decode: bool = True
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -116,10 +125,8 @@ class EngineConfig:
             )
         if not self.kv_cache_mb > 0:
             raise ConfigError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
-        if not isinstance(self.enable_prefix_caching, bool):
-            raise ConfigError(
-                f"enable_prefix_caching must be True or False, got {self.enable_prefix_caching!r}"
-            )
+        for name in ("enable_prefix_caching", "native_kernels", "fused_decode"):
+            _check_bool(name, getattr(self, name))
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError(f"device must be a device name such as 'cpu', got {self.device!r}")
         try:
@@ -149,6 +156,11 @@ class EngineConfig:
     @property
     def kv_cache_bytes(self) -> int:
         return int(self.kv_cache_mb * 1024 * 1024)
+
+
+def _check_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} must be True or False, got {value!r}")
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

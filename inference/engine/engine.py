@@ -20,8 +20,12 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SequenceOf
+from typing import Any
 
 import torch
+
+# NOTE: at import, not in the engine thread (see the NOTE on loader.py's transformers import).
+from transformers import AutoTokenizer
 
 from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, fast_decoder
@@ -54,7 +58,11 @@ class Engine:
     """
 
     def __init__(
-        self, config: EngineConfig, *, runner: ModelRunner | None = None, tokenizer=None
+        self,
+        config: EngineConfig,
+        *,
+        runner: ModelRunner | None = None,
+        tokenizer: Any = None,  # a transformers tokenizer; None: the model directory's
     ) -> None:
         self.config = config
         self._cond = threading.Condition()
@@ -68,9 +76,9 @@ class Engine:
         self._thread = threading.Thread(target=self._thread_main, name="cachet-engine", daemon=True)
         self._thread.start()
         self._runner_loaded.wait()
-        if self._load_error is not None:
+        if self._load_error is not None or self.runner is None:
             self._thread.join()
-            raise self._load_error
+            raise self._load_error or RuntimeError("the engine thread loaded no model")
         try:
             self._build_core(config, self.runner, tokenizer)
         except BaseException:
@@ -80,15 +88,14 @@ class Engine:
             raise
         self._core_ready.set()
 
-    def _build_core(self, config: EngineConfig, runner: ModelRunner, tokenizer) -> None:
+    def _build_core(self, config: EngineConfig, runner: ModelRunner, tokenizer: Any) -> None:
         if tokenizer is None:
-            from transformers import AutoTokenizer
-
             tokenizer = AutoTokenizer.from_pretrained(str(config.model_dir))
         self.tokenizer = tokenizer
         self._decoder = fast_decoder(tokenizer)
         # NOTE: the runner may lower max_model_len to what the model's positions support.
         self.max_model_len = min(config.max_model_len, runner.max_model_len)
+        self.vocab_size = runner.vocab_size
         num_blocks = runner.num_kv_blocks
         if num_blocks * config.block_size < self.max_model_len:
             raise ConfigError(
@@ -106,7 +113,8 @@ class Engine:
             on_request_done=self._forget_request_id,
         )
         self.metrics = self.core.metrics
-        self._commands: list[tuple[str, object]] = []
+        # What the engine thread does next, in order: a Request to add, a request id to abort.
+        self._commands: list[Request | str] = []
         self._live_request_ids: set[str] = set()
         # NOTE: HF fast tokenizers fail ("Already borrowed") when two threads encode at once;
         # whoever uses `tokenizer` outside the engine holds this lock.
@@ -149,7 +157,9 @@ class Engine:
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks (at the latest after the current step)."""
-        self._command("abort", request_id)
+        with self._cond:
+            self._commands.append(request_id)
+            self._cond.notify()
 
     def generate(
         self,
@@ -162,14 +172,17 @@ class Engine:
 
         Raises RequestFailedError if the engine failed while running one of them.
         """
+        per_prompt: SequenceOf[SamplingParams | None]
         if isinstance(params, SamplingParams) or params is None:
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+            per_prompt = [params] * len(prompts)
+        else:
+            per_prompt = params
+        if len(per_prompt) != len(prompts):
+            raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
         collectors = [ResultCollector() for _ in prompts]
         requests = [
             self._prepare(prompt, p, None, cache_salt, collector)
-            for prompt, p, collector in zip(prompts, params, collectors, strict=True)
+            for prompt, p, collector in zip(prompts, per_prompt, collectors, strict=True)
         ]
         try:
             for request in requests:
@@ -211,7 +224,15 @@ class Engine:
 
     # ---- request preparation (caller's thread) ----
 
-    def _prepare(self, prompt, params, request_id, cache_salt, on_output) -> Request:
+    def _prepare(
+        self,
+        prompt: Prompt,
+        params: object,
+        request_id: object,
+        cache_salt: object,
+        on_output: OutputCallback | None,
+    ) -> Request:
+        """The request for a caller's arguments, each checked (they come from outside)."""
         if params is None:
             params = SamplingParams()
         elif not isinstance(params, SamplingParams):
@@ -224,7 +245,9 @@ class Engine:
             raise ValueError(f"cache_salt must be a string or None, got {cache_salt!r}")
         token_ids = self._prompt_token_ids(prompt)
         seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt)
-        detokenizer = IncrementalDetokenizer(self._decoder, token_ids, params.stop)
+        # NOTE: SamplingParams.__post_init__ made `stop` a tuple of strings.
+        stop = params.stop if isinstance(params.stop, tuple) else tuple(params.stop)
+        detokenizer = IncrementalDetokenizer(self._decoder, token_ids, stop)
         return Request(seq, detokenizer, on_output)
 
     def _prompt_token_ids(self, prompt: Prompt) -> list[int]:
@@ -232,10 +255,10 @@ class Engine:
             # NOTE: HF fast tokenizers may flip their truncation settings inside encode, which
             # fails ("Already borrowed") when two threads encode at once.
             with self.tokenizer_lock:
-                token_ids = self.tokenizer.encode(prompt)
+                token_ids: list[int] = self.tokenizer.encode(prompt)
         else:
             token_ids = list(prompt)
-            vocab_size = self.runner.vocab_size
+            vocab_size = self.vocab_size
             for token_id in token_ids:
                 if isinstance(token_id, bool) or not isinstance(token_id, int):
                     raise ValueError(f"prompt token ids must be integers, got {token_id!r}")
@@ -255,18 +278,17 @@ class Engine:
             if request_id in self._live_request_ids:
                 raise ValueError(f"request id {request_id!r} is already in use")
             self._live_request_ids.add(request_id)
-            self._commands.append(("add", request))
-            self._cond.notify()
-
-    def _command(self, kind: str, payload: object) -> None:
-        with self._cond:
-            self._commands.append((kind, payload))
+            self._commands.append(request)
             self._cond.notify()
 
     async def _stream(self, request: Request) -> AsyncIterator[Delta | Usage]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta | Usage | BaseException] = asyncio.Queue()
-        request.on_output = lambda item: loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def put(item: Delta | Usage | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        request.on_output = put
         self._enqueue(request)
         is_done = False
         try:
@@ -300,17 +322,7 @@ class Engine:
             if config.num_threads:
                 torch.set_num_threads(config.num_threads)
             if self.runner is None:
-                self.runner = ModelRunner(
-                    config.model_dir,
-                    dtype=config.dtype,
-                    kv_cache_bytes=config.kv_cache_bytes,
-                    block_size=config.block_size,
-                    max_model_len=config.max_model_len,
-                    device=config.device,
-                    quantization=config.quantization,
-                    quantization_group_size=config.quantization_group_size,
-                    kv_cache_dtype=config.kv_cache_dtype,
-                )
+                self.runner = ModelRunner(config)
         except BaseException as error:
             self._load_error = error
             return
@@ -337,13 +349,13 @@ class Engine:
             if is_closing:
                 return
 
-    def _run_once(self, commands: list[tuple[str, object]], is_closing: bool) -> None:
+    def _run_once(self, commands: list[Request | str], is_closing: bool) -> None:
         core = self.core
-        for kind, payload in commands:
-            if kind == "add":
-                core.add(payload)
+        for command in commands:
+            if isinstance(command, Request):
+                core.add(command)
             else:
-                core.abort(payload)
+                core.abort(command)
         if is_closing:
             core.abort_all()
         elif not core.has_work:
@@ -358,8 +370,8 @@ class Engine:
             self._live_request_ids.discard(request_id)
 
 
-def _eos_token_ids(tokenizer, hf_config) -> frozenset[int]:
-    ids = set()
+def _eos_token_ids(tokenizer: Any, hf_config: Any) -> frozenset[int]:
+    ids: set[int] = set()
     if getattr(tokenizer, "eos_token_id", None) is not None:
         ids.add(tokenizer.eos_token_id)
     config_eos = getattr(hf_config, "eos_token_id", None)

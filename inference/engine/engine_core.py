@@ -76,7 +76,7 @@ class EngineCore:
             max_num_batched_tokens=config.max_num_batched_tokens,
         )
         self.sampler = Sampler()
-        self.proposer = None
+        self.proposer: NgramProposer | None = None
         if config.num_speculative_tokens:
             self.proposer = NgramProposer(
                 config.num_speculative_tokens,
@@ -159,7 +159,8 @@ class EngineCore:
         decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1]
         for seq in running:
             seq.draft_token_ids = []
-        if len(decodes) > self.speculative_max_num_seqs:
+        proposer = self.proposer
+        if proposer is None or len(decodes) > self.speculative_max_num_seqs:
             return
         for seq in decodes:
             # NOTE: the step samples one token anyway; drafts beyond the request's remaining
@@ -167,7 +168,7 @@ class EngineCore:
             num_left = self.max_model_len - seq.num_tokens
             if seq.params.max_tokens is not None:
                 num_left = min(num_left, seq.params.max_tokens - seq.num_completion_tokens)
-            seq.draft_token_ids = self.proposer.propose(seq.token_ids, num_left - 1)
+            seq.draft_token_ids = proposer.propose(seq.token_ids, num_left - 1)
 
     def _execute(self, output: SchedulerOutput) -> tuple[list[Sequence], list[list[int]]]:
         """Run the step; return the sequences that sample and the tokens picked for each.
@@ -190,7 +191,7 @@ class EngineCore:
         logits = self.runner.execute(entries)
         if not sample_rows:
             return [], []
-        num_logits = [entries[row].num_logits for row in sample_rows]
+        logits_per_seq = [entries[row].num_logits for row in sample_rows]
         if len(sample_rows) < len(entries):
             first_logit = list(itertools.accumulate((e.num_logits for e in entries), initial=0))
             rows = [r for row in sample_rows for r in range(first_logit[row], first_logit[row + 1])]
@@ -198,8 +199,8 @@ class EngineCore:
         sampled_seqs = [output.seqs[row] for row in sample_rows]
         if len(logits) == len(sampled_seqs):
             return sampled_seqs, [[token] for token in self.sampler(logits, sampled_seqs)]
-        picks = iter(self.sampler(logits, sampled_seqs, num_logits))
-        return sampled_seqs, [list(itertools.islice(picks, n)) for n in num_logits]
+        picks = iter(self.sampler(logits, sampled_seqs, logits_per_seq))
+        return sampled_seqs, [list(itertools.islice(picks, n)) for n in logits_per_seq]
 
     def _postprocess(
         self, output: SchedulerOutput, sampled_seqs: list[Sequence], picks: list[list[int]]

@@ -1,7 +1,7 @@
 """Allocating the paged KV cache from a memory budget.
 
 Every layer gets a key and a value tensor [num_blocks, num_kv_heads, block_size, head_dim] (the
-head-major layout `attention.py` explains); block `b` of every layer together holds the
+head-major layout layers/attention/paged.py explains); block `b` of every layer together holds the
 keys/values of the same `block_size` token positions.
 
 `kv_cache_dtype="int8"` stores keys and values as int8 codes with one symmetric scale per token
@@ -62,13 +62,17 @@ class KVCacheSpec:
         return self.block_size * self.bytes_per_token
 
 
+# One layer's cache: (keys, values), plus (key scales, value scales) for an int8 cache.
+LayerKVCache = tuple[torch.Tensor, ...]
+
+
 @dataclass(slots=True)
 class KVCache:
     num_blocks: int
     block_size: int
     # (keys, values) per layer; an int8 cache adds (key_scales, value_scales), each
     # [num_blocks, num_kv_heads, block_size]
-    layers: list[tuple[torch.Tensor, ...]]
+    layers: list[LayerKVCache]
     spec: KVCacheSpec | None = None
 
     @property
@@ -116,9 +120,7 @@ def allocate_kv_cache(
         dtype=torch.int8 if spec.is_quantized else spec.dtype,
         device=device,
     )
-    layers: list[tuple[torch.Tensor, ...]] = [
-        (storage[0, i], storage[1, i]) for i in range(spec.num_layers)
-    ]
+    layers: list[LayerKVCache] = [(storage[0, i], storage[1, i]) for i in range(spec.num_layers)]
     if spec.is_quantized:
         scales = torch.zeros(storage.shape[:-1], dtype=spec.dtype, device=device)
         layers = [(*layer, scales[0, i], scales[1, i]) for i, layer in enumerate(layers)]

@@ -17,6 +17,12 @@ from typing import Any
 import torch
 from safetensors import safe_open
 
+# NOTE: imported here, on the thread that imports the engine (Django's start-up), not inside the
+# engine thread: transformers' lazy module is not safe to materialise from two threads at once, and
+# the engine thread loads its model while other start-up threads import transformers too
+# (retrieval's tokenizer). That race failed start-ups with "cannot import name 'AutoConfig'".
+from transformers import AutoConfig
+
 from inference.engine.models.llama import LlamaArgs, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -56,14 +62,17 @@ def load_hf_config(model_dir: str | Path) -> Any:
             f"model_type {model_type!r} is not supported by the engine; "
             f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    from transformers import AutoConfig
-
     return AutoConfig.from_pretrained(model_dir)
 
 
 def load_model(
-    model_dir: str | Path, *, dtype: torch.dtype, device: torch.device | str = "cpu"
+    model_dir: str | Path,
+    *,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+    native_kernels: bool = True,
 ) -> LoadedModel:
+    """The model of `model_dir` in `dtype` on `device` (`native_kernels`: see LlamaForCausalLM)."""
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {SUPPORTED_DTYPES}")
     model_dir = Path(model_dir)
@@ -77,7 +86,7 @@ def load_model(
     # NOTE: built on the meta device: real storage comes from the checkpoint, so nothing is
     # randomly initialised only to be overwritten.
     with torch.device("meta"):
-        model = LlamaForCausalLM(args)
+        model = LlamaForCausalLM(args, native_kernels=native_kernels)
     params = {
         name: torch.empty(p.shape, dtype=dtype, device=device)
         for name, p in model.named_parameters()

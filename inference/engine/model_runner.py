@@ -11,22 +11,17 @@ from __future__ import annotations
 import itertools
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from inference.engine import kernels as native_kernels
-from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
-from inference.engine.kernels.decode_layers import FusedDecode, fused_decode_enabled
-from inference.engine.kernels.linear_bf16 import can_use_amx, pack_model_for_amx
+from inference.engine import kernels
+from inference.engine.config import ConfigError, EngineConfig
+from inference.engine.kernels import paged_decode_attention
+from inference.engine.kernels.decode_layers import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.layers.attention import build_attention_metadata
-from inference.engine.layers.packed_linear import can_pack, pack_linear_layers
-from inference.engine.layers.quantization import (
-    DEFAULT_INT4_GROUP_SIZE,
-    model_weight_bytes,
-    quantize_model,
-)
+from inference.engine.layers.linear import can_pack, pack_linear_layers, pack_model_for_amx
+from inference.engine.layers.quantization import model_weight_bytes, quantize_model
 from inference.engine.loader import load_model
 
 logger = logging.getLogger(__name__)
@@ -34,73 +29,87 @@ logger = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class BatchEntry:
-    token_ids: list[
-        int
-    ]  # tokens to run this step for one sequence (a prompt chunk, or 1 decode token)
-    num_computed_tokens: (
-        int  # tokens of this sequence already in the KV cache (their positions come first)
-    )
-    block_table: list[
-        int
-    ]  # physical block ids covering >= num_computed_tokens + len(token_ids) tokens
+    """One sequence's share of a step."""
+
+    # tokens to run this step (a prompt chunk, or 1 decode token)
+    token_ids: list[int]
+    # tokens of this sequence already in the KV cache (their positions come first)
+    num_computed_tokens: int
+    # physical block ids covering >= num_computed_tokens + len(token_ids) tokens
+    block_table: list[int]
     # logits are returned for the last num_logits tokens (> 1: verifying speculative drafts)
     num_logits: int = 1
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model_dir: str | Path,
-        *,
-        dtype: torch.dtype,
-        kv_cache_bytes: int,
-        block_size: int,
-        max_model_len: int,
-        device: str = "cpu",
-        quantization: str = "none",
-        quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE,
-        kv_cache_dtype: str = "auto",
-    ) -> None:
-        if dtype == torch.bfloat16 and torch.device(device).type == "cpu":
-            native_kernels.preload()  # a first build happens now, not in the first request
-        loaded = load_model(model_dir, dtype=dtype, device=device)
-        self.model = quantize_model(loaded.model, quantization, quantization_group_size)
-        if quantization == "none" and can_use_amx(dtype, device):
-            pack_model_for_amx(self.model)
-        if quantization == "none" and can_pack(dtype, device):
+    """The model, its KV cache and the fast paths chosen for them, from one `EngineConfig`.
+
+    The runner reads the config's model, dtype, device, weight and KV formats, KV budget, block
+    size, max_model_len and native-kernel switches; the scheduling fields are the engine core's.
+    """
+
+    def __init__(self, config: EngineConfig) -> None:
+        dtype = config.dtype
+        if not isinstance(dtype, torch.dtype):  # NOTE: EngineConfig.__post_init__ parsed it
+            raise ConfigError(f"dtype {dtype!r} was not resolved to a torch dtype")
+        device = torch.device(config.device)
+        native_kernels = config.native_kernels and device.type == "cpu"
+        if native_kernels and dtype == torch.bfloat16:
+            kernels.preload()  # a first build happens now, not in the first request
+        loaded = load_model(
+            config.model_dir, dtype=dtype, device=device, native_kernels=native_kernels
+        )
+        self.model = quantize_model(
+            loaded.model,
+            config.quantization,
+            config.quantization_group_size,
+            native_kernels=native_kernels,
+        )
+        is_unquantized = config.quantization == "none"
+        if is_unquantized and native_kernels:
+            pack_model_for_amx(self.model)  # the layers AMX takes (none without AMX)
+        if is_unquantized and can_pack(dtype, device):
             pack_linear_layers(self.model)  # oneDNN: what AMX does not take (or no AMX)
-        self.quantization = quantization
+        self.config = config
+        self.quantization = config.quantization
         self.weight_bytes = model_weight_bytes(self.model)
         self.hf_config = loaded.hf_config
         args = self.model.args
-        self.device = torch.device(device)
+        self.device = device
         self.dtype = dtype
-        self.block_size = block_size
+        self.block_size = config.block_size
         self.vocab_size = args.vocab_size
-        self.max_model_len = min(max_model_len, args.max_position_embeddings)
+        self.max_model_len = min(config.max_model_len, args.max_position_embeddings)
         spec = KVCacheSpec(
             num_layers=args.num_layers,
             num_kv_heads=args.num_kv_heads,
             head_dim=args.head_dim,
-            block_size=block_size,
+            block_size=config.block_size,
             dtype=dtype,
-            cache_dtype=kv_cache_dtype,
+            cache_dtype=config.kv_cache_dtype,
         )
         self.kv_cache = allocate_kv_cache(
-            spec, budget_bytes=kv_cache_bytes, max_model_len=self.max_model_len, device=device
+            spec,
+            budget_bytes=config.kv_cache_bytes,
+            max_model_len=self.max_model_len,
+            device=device,
         )
         self.num_kv_blocks = self.kv_cache.num_blocks
         # Decode attention straight from the paged cache (bf16 on CPUs with AVX-512 BF16).
-        self.uses_decode_kernel = not spec.is_quantized and paged_decode_kernel.supports(
-            dtype, self.device, args.num_heads, args.num_kv_heads, args.head_dim, block_size
+        self.uses_decode_kernel = (
+            native_kernels
+            and not spec.is_quantized
+            and paged_decode_attention.is_supported(
+                dtype, device, args.num_heads, args.num_kv_heads, args.head_dim, config.block_size
+            )
         )
         logger.info(
             "decode attention: %s",
             "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
         )
-        if self.uses_decode_kernel and fused_decode_enabled():
+        if self.uses_decode_kernel and config.fused_decode:
             self.model.fused_decode = FusedDecode.build(
-                self.model, self.kv_cache.layers, block_size
+                self.model, self.kv_cache.layers, config.block_size
             )
 
     def execute(self, entries: list[BatchEntry]) -> torch.Tensor:

@@ -70,7 +70,8 @@ class Usage:
     def from_sequence(cls, seq: Sequence) -> Usage:
         ttft_s = None
         tokens_per_s = 0.0
-        if seq.first_token_time is not None:
+        # NOTE: the first token sets both times (Sequence.append_token)
+        if seq.first_token_time is not None and seq.last_token_time is not None:
             ttft_s = seq.first_token_time - seq.arrival_time
             decode_s = seq.last_token_time - seq.first_token_time
             if seq.num_completion_tokens > 1 and decode_s > 0:
@@ -116,10 +117,14 @@ class ResultCollector:
         if isinstance(last, BaseException):
             raise last
         deltas = [item for item in self.items if isinstance(item, Delta)]
+        finish_reason = deltas[-1].finish_reason
+        # NOTE: the engine ends every request with a finishing delta and then its usage.
+        if not isinstance(last, Usage) or finish_reason is None:
+            raise RuntimeError(f"request {last.request_id} has not finished")
         return GenerationResult(
             request_id=last.request_id,
             text="".join(d.text for d in deltas),
             token_ids=[t for d in deltas for t in d.token_ids],
-            finish_reason=deltas[-1].finish_reason,
+            finish_reason=finish_reason,
             usage=last,
         )

@@ -172,21 +172,23 @@ def top_k_top_p_candidates(
     ks = [min(k, vocab_size) if k is not None else vocab_size for k in top_ks]
     max_k = max([0, *(k for k in ks if k < vocab_size)])
     log_total = torch.logsumexp(scaled_logits, dim=-1, keepdim=True)
-    probs = token_ids = None
+    candidates: tuple[torch.Tensor, torch.Tensor] | None = None  # (probs, token ids)
     for size in CANDIDATE_SIZES:
         num_candidates = max(size, max_k)
         if num_candidates > CANDIDATE_SIZES[-1] or num_candidates >= vocab_size:
             break
-        top_logits, token_ids = scaled_logits.topk(num_candidates, dim=-1)
-        probs = torch.exp(top_logits - log_total)
-        mass = probs.sum(dim=-1).tolist()
+        top_logits, top_ids = scaled_logits.topk(num_candidates, dim=-1)
+        top_probs = torch.exp(top_logits - log_total)
+        mass = top_probs.sum(dim=-1).tolist()
         # Complete when each row's top-k set, or its nucleus, lies inside the candidates.
         if all(k <= num_candidates or m >= p for k, p, m in zip(ks, top_ps, mass, strict=True)):
+            candidates = top_probs, top_ids
             break
-        probs = None
-    if probs is None:
+    if candidates is None:
         sorted_logits, token_ids = scaled_logits.sort(dim=-1, descending=True)
         probs = torch.exp(sorted_logits - log_total)
+    else:
+        probs, token_ids = candidates
     positions = torch.arange(probs.shape[1]).unsqueeze(0)
     k_limits = torch.tensor(ks).unsqueeze(1)
     probs = probs.masked_fill(positions >= k_limits, 0.0)

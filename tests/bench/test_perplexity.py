@@ -9,18 +9,19 @@ import torch
 import torch.nn.functional as F
 
 from bench.perplexity import perplexity
-from inference.engine.model_runner import ModelRunner
+from inference.engine import EngineConfig, ModelRunner
 
 
 def make_runner(directory, num_blocks: int = 16) -> ModelRunner:
     # tiny models: 2 layers x 2 KV heads x 16 dims x 2 (K and V) x 4 bytes = 512 B/token
-    return ModelRunner(
+    config = EngineConfig(
         directory,
         dtype=torch.float32,
-        kv_cache_bytes=num_blocks * 16 * 512,
+        kv_cache_mb=num_blocks * 16 * 512 / 2**20,
         block_size=16,
         max_model_len=256,
     )
+    return ModelRunner(config)
 
 
 def reference_perplexity(directory, token_ids: list[int], window: int) -> float:

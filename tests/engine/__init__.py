@@ -1,0 +1,1 @@
+"""Tests of the engine (inference/engine/), one folder per package of it."""

@@ -19,8 +19,8 @@ from inference.engine.outputs import (
     RequestFailedError,
     Usage,
 )
-from tests.engine_fakes import FakeRunner, FakeTokenizer, ScriptedRunner, reference_completion
-from tests.real_engine import RealEngines, chat, float32_runner
+from tests.engine.fakes import FakeRunner, FakeTokenizer, ScriptedRunner, reference_completion
+from tests.engine.real_model import RealEngines, chat, float32_runner
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6)
 
@@ -369,7 +369,7 @@ def test_real_model_concurrent_greedy_matches_one_at_a_time(make_real_engine, re
 def test_real_model_decodes_sharing_a_system_prompt_match_one_at_a_time(
     make_real_engine, real_tokenizer, monkeypatch
 ):
-    from inference.engine.layers import attention
+    from inference.engine.layers.attention import metadata as attention
 
     shared_blocks_per_step = []
     num_shared_blocks = attention._num_shared_blocks

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from inference.engine.model_runner import BatchEntry, ModelRunner
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 256
@@ -78,11 +78,11 @@ def hf_greedy(model_dir, prompts: list[list[int]], num_new_tokens: int, dtype) -
 def _runner(model_dir, dtype=torch.float32, **overrides) -> ModelRunner:
     options = {
         "dtype": dtype,
-        "kv_cache_bytes": 64 << 20,
+        "kv_cache_mb": 64,
         "block_size": BLOCK_SIZE,
         "max_model_len": MAX_MODEL_LEN,
     }
-    return ModelRunner(model_dir, **{**options, **overrides})
+    return ModelRunner(EngineConfig(model_dir, **{**options, **overrides}))
 
 
 # --- tiny random models: fast, cover every supported architecture variant ------------------
@@ -94,15 +94,13 @@ def test_tiny_random_model_greedy_output_matches_transformers_generate(tiny_mode
     generator = torch.Generator().manual_seed(3)
     prompts = [torch.randint(0, 256, (n,), generator=generator).tolist() for n in (5, 19, 33)]
     expected = hf_greedy(directory, prompts, 24, torch.float32)
-    runner = _runner(directory, kv_cache_bytes=4 << 20)
+    runner = _runner(directory, kv_cache_mb=4)
     assert greedy_decode(runner, prompts, 24) == expected
-    assert greedy_decode(_runner(directory, kv_cache_bytes=4 << 20), prompts, 24, chunk_size=6) == (
-        expected
-    )
+    assert greedy_decode(_runner(directory, kv_cache_mb=4), prompts, 24, chunk_size=6) == (expected)
 
 
 def test_logits_come_back_in_the_order_of_the_entries(tiny_model_dir):
-    runner = _runner(tiny_model_dir("qwen2"), kv_cache_bytes=4 << 20)
+    runner = _runner(tiny_model_dir("qwen2"), kv_cache_mb=4)
     prefill = BatchEntry([1, 2, 3, 4], 0, [0])
     decode = BatchEntry([7], 0, [1])
     together = runner.execute([prefill, decode])
@@ -114,7 +112,7 @@ def test_logits_come_back_in_the_order_of_the_entries(tiny_model_dir):
 
 def test_an_entry_can_ask_for_the_logits_of_each_of_its_last_tokens(tiny_model_dir):
     # What speculative verification needs: logits after every draft token, in entry order.
-    runner = _runner(tiny_model_dir("qwen2"), kv_cache_bytes=4 << 20)
+    runner = _runner(tiny_model_dir("qwen2"), kv_cache_mb=4)
     runner.execute([BatchEntry([5, 6, 7], 0, [0]), BatchEntry([9, 8], 0, [1])])
     verify = BatchEntry([8, 1, 2, 3], 3, [0], num_logits=3)
     decode = BatchEntry([4], 2, [1])
@@ -129,7 +127,7 @@ def test_an_entry_can_ask_for_the_logits_of_each_of_its_last_tokens(tiny_model_d
 
 
 def test_runner_reports_its_cache_and_model_sizes(tiny_model_dir):
-    runner = _runner(tiny_model_dir("qwen2"), kv_cache_bytes=1 << 20, max_model_len=100_000)
+    runner = _runner(tiny_model_dir("qwen2"), kv_cache_mb=1, max_model_len=100_000)
     assert runner.max_model_len == 512  # capped at max_position_embeddings
     # 2 (k, v) * 2 layers * 16 tokens * 2 kv heads * 16 dims * 4 bytes = 8 KiB per block
     assert runner.num_kv_blocks == 128
@@ -149,7 +147,7 @@ def test_runner_reports_its_cache_and_model_sizes(tiny_model_dir):
     ],
 )
 def test_invalid_entries_raise_value_error(tiny_model_dir, entry, message):
-    runner = _runner(tiny_model_dir("qwen2"), kv_cache_bytes=4 << 20)
+    runner = _runner(tiny_model_dir("qwen2"), kv_cache_mb=4)
     with pytest.raises(ValueError, match=message):
         runner.execute([entry])
 

@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from bench.perplexity import perplexity as engine_perplexity
-from inference.engine.model_runner import BatchEntry, ModelRunner
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_torch_thread")]
 
@@ -49,15 +49,16 @@ AGREEMENT_BOUNDS = {("int8", "auto"): 0.45, ("int4", "auto"): 0.5, ("none", "int
 
 
 def make_runner(model_dir: Path, quantization: str, kv_cache_dtype: str) -> ModelRunner:
-    return ModelRunner(
+    config = EngineConfig(
         model_dir,
         dtype=torch.bfloat16,
-        kv_cache_bytes=KV_CACHE_BLOCKS * BLOCK_SIZE * 2 * 30 * 3 * 64 * 2,
+        kv_cache_mb=KV_CACHE_BLOCKS * BLOCK_SIZE * 2 * 30 * 3 * 64 * 2 / 2**20,
         block_size=BLOCK_SIZE,
         max_model_len=WINDOW,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
     )
+    return ModelRunner(config)
 
 
 def perplexity(runner: ModelRunner, token_ids: list[int]) -> float:

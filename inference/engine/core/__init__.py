@@ -1,0 +1,1 @@
+"""Torch-free bookkeeping: sequences, KV blocks, scheduling, speculation, detokenizing."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from inference.engine.core.sequence import Sequence
@@ -28,7 +29,7 @@ class Block:
     ref_count: int = 0
     block_hash: int | None = None
     # (parent hash, salt, token ids): what a hash hit is checked against.
-    block_key: tuple | None = None
+    block_key: tuple[int | None, str | None, tuple[int, ...]] | None = None
 
 
 def hash_block(parent_hash: int | None, cache_salt: str | None, token_ids: tuple[int, ...]) -> int:
@@ -81,7 +82,7 @@ class BlockManager:
         return computed
 
     def allocate_slots(
-        self, seq: Sequence, num_new_tokens: int, computed_blocks: list[Block] = ()
+        self, seq: Sequence, num_new_tokens: int, computed_blocks: Collection[Block] = ()
     ) -> list[int] | None:
         """Give `seq` blocks for `computed_blocks` plus `num_new_tokens` more tokens.
 
@@ -161,7 +162,9 @@ class BlockManager:
             block.block_hash = None
             block.block_key = None
 
-    def _block_key(self, seq: Sequence, index: int, parent_hash: int | None) -> tuple:
+    def _block_key(
+        self, seq: Sequence, index: int, parent_hash: int | None
+    ) -> tuple[int | None, str | None, tuple[int, ...]]:
         start = index * self.block_size
         return (parent_hash, seq.cache_salt, tuple(seq.token_ids[start : start + self.block_size]))
 

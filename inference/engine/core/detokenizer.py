@@ -27,7 +27,7 @@ def fast_decoder(tokenizer: Tokenizer) -> Tokenizer:
     NOTE: a Hugging Face tokenizer's own `decode` costs ~25 us of Python per call on top of the
     ~5 us Rust decode, and the detokenizer decodes twice per generated token on the engine thread.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
+    backend: Tokenizer | None = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or getattr(tokenizer, "clean_up_tokenization_spaces", True):
         return tokenizer
     return backend

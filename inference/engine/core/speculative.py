@@ -47,5 +47,6 @@ class NgramProposer:
             matches = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
             if matches.size:
                 start = int(matches[-1]) + n
-                return tokens[start : start + limit].tolist()
+                drafts: list[int] = tokens[start : start + limit].tolist()
+                return drafts
         return []

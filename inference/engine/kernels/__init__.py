@@ -1,8 +1,16 @@
 """Native CPU kernels: C sources in `csrc/`, compiled once per machine and loaded with ctypes.
 
+One Python module per C source, named after it (`rms_norm.py` wraps `csrc/rms_norm.c`), holds
+the ctypes op and one `is_supported(...)`: True when the CPU has the instructions the kernel
+needs, the build succeeded and, where it takes tensors or shapes, these fit the kernel (dtype,
+device, multiples of its tile sizes). Callers check it and otherwise keep their PyTorch path;
+torch modules that use a kernel live in layers/ (and models/). This module builds, caches and
+loads the libraries.
+
 The kernels are an optional fast path: when a CPU lacks the instructions they need, no C
-compiler is installed, the build fails, or `CACHET_NATIVE_KERNELS=0` is set, `load_kernel`
-returns None and the engine keeps its PyTorch implementation (the log says why, once).
+compiler is installed or the build fails, `load_kernel` returns None and the engine keeps its
+PyTorch implementation (the log says why, once). An engine configured with
+`EngineConfig(native_kernels=False)` never calls them.
 
 Why ctypes and not a PyTorch C++ extension: the sources are plain C over raw pointers, so a
 build takes ~2 s with the system compiler and needs neither PyTorch's headers nor ninja. The
@@ -25,10 +33,10 @@ import platform
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +81,6 @@ KERNELS = {
 }
 
 
-def native_kernels_enabled() -> bool:
-    return os.environ.get("CACHET_NATIVE_KERNELS", "1").strip().lower() not in ("0", "false", "no")
-
-
 @functools.cache
 def cpu_flags() -> frozenset[str]:
     """The CPU's feature flags (Linux x86-64); empty elsewhere. Read once per process."""
@@ -101,9 +105,6 @@ def kernel_cache_dir() -> Path:
 def load_kernel(name: str) -> ctypes.CDLL | None:
     """The compiled library of kernel `name` (see `KERNELS`), or None where it cannot run."""
     spec = KERNELS[name]
-    if not native_kernels_enabled():
-        logger.info("native kernel %s disabled by CACHET_NATIVE_KERNELS", name)
-        return None
     missing = [flag for flag in spec.required_cpu_flags if flag not in cpu_flags()]
     if missing:
         logger.info("native kernel %s not used: the CPU lacks %s", name, ", ".join(missing))
@@ -116,16 +117,28 @@ def load_kernel(name: str) -> ctypes.CDLL | None:
 
 
 def load_function(
-    name: str, symbol: str, argtypes: list[type], restype: type | None = ctypes.c_int
+    name: str, symbol: str, argtypes: Sequence[type], restype: type | None = ctypes.c_int
 ) -> Callable[..., Any] | None:
     """Function `symbol` of kernel `name`, typed for ctypes, or None where it cannot run."""
     library = load_kernel(name)
     if library is None:
         return None
     function = getattr(library, symbol)
-    function.argtypes = argtypes
+    function.argtypes = list(argtypes)
     function.restype = restype
-    return function
+    typed: Callable[..., Any] = function
+    return typed
+
+
+Op = TypeVar("Op")
+
+
+def require(op: Op | None, name: str) -> Op:
+    """`op`, or a RuntimeError saying kernel `name` cannot run here: for callers that were to
+    check its module's `is_supported` first."""
+    if op is None:
+        raise RuntimeError(f"the native kernel {name} is not available on this machine")
+    return op
 
 
 def preload() -> list[str]:

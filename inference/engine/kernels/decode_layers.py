@@ -12,23 +12,28 @@ the VNNI kernel) with a bf16 KV cache, and to steps made of single-token decodes
 a shared-prefix cascade; everything else (prefill, mixed steps, speculative verification, a
 cascade over a shared prefix, int8 weights or KV cache, float32) takes the module path.
 Results are the module path's bit for bit: the same kernels in the same order on the same
-inputs (tests/engine/test_fused_decode.py).
+inputs (tests/engine/kernels/test_decode_layers.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
-import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import nn
 
 from inference.engine.kernels import load_function
 from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
-from inference.engine.kernels.linear_bf16 import AmxLinear
+from inference.engine.kv_cache import LayerKVCache
 from inference.engine.layers.attention import AttentionMetadata
+from inference.engine.layers.linear import AmxLinear
 from inference.engine.layers.quantization import Int4Linear
+
+if TYPE_CHECKING:
+    from inference.engine.models.llama import DecoderLayer, LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -76,12 +81,7 @@ class _Model(ctypes.Structure):
     ]
 
 
-def fused_decode_enabled() -> bool:
-    """False when `CACHET_FUSED_DECODE` is 0/false/no: decode steps then run layer by layer."""
-    return os.environ.get("CACHET_FUSED_DECODE", "1").strip().lower() not in ("0", "false", "no")
-
-
-def _kernel():
+def _kernel() -> Callable[..., int] | None:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     return load_function(
         "decode_layers",
@@ -123,7 +123,7 @@ def _describe_linear(layer: nn.Module) -> _Linear | None:
 
 
 def _describe_layer(
-    layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tensor
+    layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor
 ) -> _Layer | None:
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
@@ -142,13 +142,55 @@ def _describe_layer(
     )
 
 
+def is_supported(model: LlamaForCausalLM, kv_caches: list[LayerKVCache], block_size: int) -> bool:
+    """Whether all decoder layers of `model` can run in one native call with these caches.
+
+    The attention inside is paged_decode_attention's, so its shapes apply; the norms and the KV
+    cache must be bf16, every linear layer must run a native kernel (AMX bf16 or int4 VNNI), and
+    the kernel must be built for this machine.
+    """
+    args = model.args
+    return (
+        args.num_heads % args.num_kv_heads == 0
+        and paged_decode_kernel.is_supported(
+            torch.bfloat16,
+            torch.device("cpu"),
+            args.num_heads,
+            args.num_kv_heads,
+            args.head_dim,
+            block_size,
+        )
+        and args.hidden_size % 16 == 0
+        and args.intermediate_size % 16 == 0
+        and all(len(cache) == 2 and cache[0].dtype == torch.bfloat16 for cache in kv_caches)
+        and _describe_layers(model, kv_caches) is not None
+        and _kernel() is not None
+    )
+
+
+def _describe_layers(model: LlamaForCausalLM, kv_caches: list[LayerKVCache]) -> list[_Layer] | None:
+    layers = []
+    for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
+        described = _describe_layer(cast("DecoderLayer", layer), k_cache, v_cache)
+        if described is None:
+            return None
+        layers.append(described)
+    return layers
+
+
 class FusedDecode:
     """One native call for all decoder layers of a pure decode step (see the module doc)."""
 
     def __init__(
-        self, model: nn.Module, layers: list[_Layer], kv_caches: list, block_size: int, kernel
+        self,
+        model: LlamaForCausalLM,
+        layers: list[_Layer],
+        kv_caches: list[LayerKVCache],
+        block_size: int,
+        kernel: Callable[..., int],
     ) -> None:
         args = model.args
+        first_layer = cast("DecoderLayer", model.layers[0])
         # NOTE: no reference to the model (which holds this object: a cycle would keep a
         # replaced model's weights until a full garbage collection); the model owns the weights
         # behind the pointers below and this object with them. The caches are the runner's.
@@ -162,45 +204,31 @@ class FusedDecode:
             args.head_dim,
             args.intermediate_size,
             block_size,
-            model.layers[0].input_layernorm.eps,
-            model.layers[0].self_attn.scale,
+            first_layer.input_layernorm.eps,
+            first_layer.self_attn.scale,
         )
         self._layers = (_Layer * len(layers))(*layers)
         self._num_kv_heads = args.num_kv_heads
 
     @classmethod
-    def build(cls, model: nn.Module, kv_caches: list, block_size: int) -> FusedDecode | None:
-        """The fused path for this model and cache, or None where it does not apply."""
-        args = model.args
-        # NOTE: the attention inside is paged_decode_kernel's: the same shapes apply.
-        if not (
-            args.num_heads % args.num_kv_heads == 0
-            and paged_decode_kernel.supports(
-                torch.bfloat16,
-                torch.device("cpu"),
-                args.num_heads,
-                args.num_kv_heads,
-                args.head_dim,
-                block_size,
-            )
-            and args.hidden_size % 16 == 0
-            and args.intermediate_size % 16 == 0
-            and all(len(cache) == 2 and cache[0].dtype == torch.bfloat16 for cache in kv_caches)
-        ):
+    def build(
+        cls, model: LlamaForCausalLM, kv_caches: list[LayerKVCache], block_size: int
+    ) -> FusedDecode | None:
+        """The fused path for this model and cache, or None where it is not supported."""
+        if not is_supported(model, kv_caches, block_size):
             return None
-        layers = [
-            _describe_layer(layer, *cache)
-            for layer, cache in zip(model.layers, kv_caches, strict=True)
-        ]
-        if any(layer is None for layer in layers):
-            return None
+        layers = _describe_layers(model, kv_caches)
         kernel = _kernel()
-        if kernel is None:
+        if layers is None or kernel is None:
             return None
-        logger.info("decode steps: all %d layers in one native call", args.num_layers)
+        logger.info("decode steps: all %d layers in one native call", model.args.num_layers)
         return cls(model, layers, kv_caches, block_size, kernel)
 
-    def can_run(self, metadata: AttentionMetadata, kv_caches: list, num_tokens: int) -> bool:
+    def applies_to(
+        self, metadata: AttentionMetadata, kv_caches: list[LayerKVCache], num_tokens: int
+    ) -> bool:
+        """Whether this step is one the fused call runs: single-token decodes only, on the
+        caches it was built for, attended without a shared-prefix cascade."""
         return (
             kv_caches is self.kv_caches
             and metadata.decode_block_table is not None
@@ -217,7 +245,9 @@ class FusedDecode:
         x = x.contiguous().clone()  # written in place, layer after layer
         residual = torch.empty_like(x)
         cos, sin = cos.contiguous(), sin.contiguous()
-        block_table = metadata.decode_block_table
+        block_table, context_lens = metadata.decode_block_table, metadata.decode_context_lens
+        if block_table is None or context_lens is None:
+            raise ValueError("the fused decode runs decode steps of the native kernel's metadata")
         num_threads = torch.get_num_threads()
         blocks_per_part, num_parts = paged_decode_kernel.context_partitions(
             num_tokens, self._num_kv_heads, block_table.shape[1], num_threads
@@ -232,7 +262,7 @@ class FusedDecode:
             metadata.write_index.data_ptr(),
             block_table.data_ptr(),
             block_table.shape[1],
-            metadata.decode_context_lens.data_ptr(),
+            context_lens.data_ptr(),
             num_tokens,
             blocks_per_part * self._model.block_size,
             num_parts,

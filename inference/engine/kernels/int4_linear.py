@@ -19,17 +19,18 @@ holds column 8j + b in its low nibble and column 8j + 4 + b in its high nibble.
 
 Numerics: activations are quantized per token to two int8 codes per value in blocks of 32
 (see the kernel), the sums are float32, the output bf16; results match the dequantized weights
-to bf16 rounding (tests/engine/test_native_int4_linear.py).
+to bf16 rounding (tests/engine/kernels/test_int4_linear.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function
+from inference.engine.kernels import load_function, require
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -41,19 +42,28 @@ MAX_TOKENS = 128
 
 
 @functools.cache
-def _matmul():
+def _matmul() -> Callable[..., int] | None:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     return load_function(
         "int4_linear", "int4_linear_vnni", [pointer] * 5 + [size] * 5 + [ctypes.c_int]
     )
 
 
-def native_int4_available() -> bool:
-    return _matmul() is not None
-
-
-def fits_native_int4(in_features: int, group_size: int) -> bool:
-    return in_features % BLOCK == 0 and group_size % BLOCK == 0
+def is_supported(
+    in_features: int,
+    group_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+) -> bool:
+    """Whether the kernel can serve an int4 weight of `in_features` columns in groups of
+    `group_size`, for a `dtype` model on `device` (bf16 on a CPU with AVX-512 VNNI and BF16)."""
+    return (
+        dtype == torch.bfloat16
+        and torch.device(device).type == "cpu"
+        and in_features % BLOCK == 0
+        and group_size % BLOCK == 0
+        and _matmul() is not None
+    )
 
 
 FIT_ROUNDS = 2
@@ -140,7 +150,7 @@ class Int4VnniMatmul:
         self.in_features = codes.shape[1] * 2
         self._arguments = (codes.data_ptr(), scales.data_ptr(), zero_points.data_ptr())
         self._padded_rows = codes.shape[0]
-        self._matmul = _matmul()
+        self._matmul = require(_matmul(), "int4_linear")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         num_tokens, in_features = x.shape

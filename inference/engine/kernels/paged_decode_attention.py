@@ -1,7 +1,7 @@
 """Decode attention read straight from the paged bf16 KV cache by a native kernel (CPU).
 
-The PyTorch path (`attention.py`) gathers every decode's blocks into a contiguous copy and
-then runs SDPA over it: the context is read, written and read again in every layer. The
+The PyTorch path (layers/attention/paged.py) gathers every decode's blocks into a contiguous
+copy and then runs SDPA over it: the context is read, written and read again in every layer. The
 kernel (`csrc/paged_decode_attention.c`, AVX-512 BF16) reads each key/value row once, for all
 the query heads that share it. Measured on the 2-core Sapphire Rapids box, one layer, bf16:
 1 decode at 1,264 tokens 117 -> 54 us; 28 decodes at 900 tokens 2.2 -> 1.2 ms (with the
@@ -17,10 +17,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
+from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function
+from inference.engine.kernels import load_function, require
 
 # Enough work items per thread to even out partitions of unequal length.
 ITEMS_PER_THREAD = 8
@@ -51,11 +52,11 @@ _ARGTYPES = [
 
 
 @functools.cache
-def _kernel():
+def _kernel() -> Callable[..., int] | None:
     return load_function("paged_decode_attention", "paged_decode_attention_bf16", _ARGTYPES)
 
 
-def supports(
+def is_supported(
     dtype: torch.dtype,
     device: torch.device,
     num_heads: int,
@@ -105,9 +106,7 @@ def paged_decode_attention(
     Returns float32 [num_seqs, num_kv_heads, group, head_dim] and, with `with_lse`, the
     log-sum-exp of the scaled scores [num_seqs, num_kv_heads, group] (for cascade merging).
     """
-    kernel = _kernel()
-    if kernel is None:
-        raise RuntimeError("the paged decode attention kernel is not available on this machine")
+    kernel = require(_kernel(), "paged_decode_attention")
     num_seqs, num_kv_heads, group, head_dim = grouped_q.shape
     block_size = k_cache.shape[2]
     if not (grouped_q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):

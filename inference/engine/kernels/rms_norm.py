@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function
+from inference.engine.kernels import load_function, require
 
 
 @functools.cache
-def _kernel():
+def _kernel() -> Callable[..., int] | None:
     return load_function(
         "rms_norm",
         "add_rms_norm_bf16",
@@ -36,7 +37,7 @@ def _kernel():
     )
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+def is_supported(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `add_rms_norm` can run natively on these tensors."""
     return (
         x.dtype == torch.bfloat16
@@ -52,9 +53,9 @@ def add_rms_norm(
 ) -> torch.Tensor:
     """weight * norm(x), or with `residual`: residual += x (in place), then weight * norm(it).
 
-    x and residual are [..., hidden] bf16; the caller checked `supports`.
+    x and residual are [..., hidden] bf16; the caller checked `is_supported`.
     """
-    kernel = _kernel()
+    kernel = require(_kernel(), "rms_norm")
     x = x.contiguous()
     hidden = x.shape[-1]
     out = torch.empty_like(x)

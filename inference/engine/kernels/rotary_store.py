@@ -5,28 +5,29 @@ concatenation, two products and a sum, the copies that make k and v contiguous, 
 index_copy_); at one token per sequence their dispatch costs more than the arithmetic.
 `csrc/rotary_store.c` does it in one pass, bitwise as transformers rounds it in bf16
 (each product rounded, then the sum). Other dtypes, an int8 KV cache and other devices keep
-the PyTorch ops (models/llama.py, attention.py).
+the PyTorch ops (models/llama.py, layers/attention/paged.py).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function
+from inference.engine.kernels import load_function, require
 
 
 @functools.cache
-def _kernel():
+def _kernel() -> Callable[..., int] | None:
     # qkv, cos, sin, k_cache, v_cache, write_index, q_out, k_out; tokens, num_heads,
     # num_kv_heads, head_dim; num_threads
     argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 4 + [ctypes.c_int]
     return load_function("rotary_store", "rotary_store_bf16", argtypes)
 
 
-def supports(qkv: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> bool:
+def is_supported(qkv: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> bool:
     """Whether `rotate_and_store` can serve this layer's projections and (bf16) cache."""
     return (
         qkv.dtype == torch.bfloat16
@@ -50,14 +51,14 @@ def rotate_and_store(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotated q [tokens, num_heads, head_dim] and k [tokens, num_kv_heads, head_dim]; the
     rotated keys and the values are written to the caches' rows `write_index` (see
-    attention.AttentionMetadata). `sin` has its first half negated (RotaryEmbedding)."""
+    layers/attention/metadata.py). `sin` has its first half negated (RotaryEmbedding)."""
     num_tokens = qkv.shape[0]
     qkv, cos, sin = qkv.contiguous(), cos.contiguous(), sin.contiguous()
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous")
     q = qkv.new_empty(num_tokens, num_heads, head_dim)
     k = qkv.new_empty(num_tokens, num_kv_heads, head_dim)
-    status = _kernel()(
+    status = require(_kernel(), "rotary_store")(
         qkv.data_ptr(),
         cos.data_ptr(),
         sin.data_ptr(),

@@ -12,21 +12,22 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function
+from inference.engine.kernels import load_function, require
 
 
 @functools.cache
-def _kernel():
+def _kernel() -> Callable[..., int] | None:
     pointer, size = ctypes.c_void_p, ctypes.c_int64
     return load_function(
         "silu_and_mul", "silu_and_mul_bf16", [pointer, pointer, size, size, ctypes.c_int]
     )
 
 
-def supports(gate_up: torch.Tensor) -> bool:
+def is_supported(gate_up: torch.Tensor) -> bool:
     """Whether `silu_and_mul` can run natively on this [..., 2 * width] tensor."""
     return (
         gate_up.dtype == torch.bfloat16
@@ -41,7 +42,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     gate_up = gate_up.contiguous()
     width = gate_up.shape[-1] // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
-    status = _kernel()(
+    status = require(_kernel(), "silu_and_mul")(
         gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * width), width,
         torch.get_num_threads(),
     )  # fmt: skip

@@ -1,0 +1,1 @@
+"""Torch modules and PyTorch paths: paged attention, linear variants, quantization."""

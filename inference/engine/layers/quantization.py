@@ -15,14 +15,14 @@ memory: 34.0% of bf16 with the native kernel's int4 format (35.2% in PyTorch's) 
 
 - int8: symmetric, one scale per output channel (row), codes in [-127, 127].
 - int4: asymmetric per group of `group_size` input columns. In the native kernel's format
-  where it runs (native_int4_linear.py: a bf16 scale and a uint8 zero point, fitted by least
+  where it runs (kernels/int4_linear.py: a bf16 scale and a uint8 zero point, fitted by least
   squares), else min/max groups in the layout of `torch._weight_int4pack_mm_for_cpu`:
   w = (q - 8) * scale + zero. The default group of 32 matches the Q4_1 blocks of the bundled
   GGUF model, whose weights it then reproduces almost exactly (the scales are rounded to the
   model dtype).
 
 Kernels: bf16 int4 layers on CPUs with AVX-512 VNNI and BF16 store their codes in the layout
-of the native kernel (native_int4_linear.py) and run it up to `native_int4_linear.MAX_TOKENS`
+of the native kernel (kernels/int4_linear.py) and run it up to `int4_linear.MAX_TOKENS`
 tokens a step: ~2.5x PyTorch's int4 kernel at one token. Otherwise, on CPU, a step of at most
 `PACKED_KERNEL_MAX_TOKENS` tokens (decodes, logits of a few sequences) runs PyTorch's
 weight-only kernels (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`, which take bf16,
@@ -37,16 +37,16 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.engine.kernels import int4_linear as native_int4
 from inference.engine.kernels.int4_linear import MAX_TOKENS as NATIVE_INT4_MAX_TOKENS
 from inference.engine.kernels.int4_linear import (
     Int4VnniMatmul,
-    fits_native_int4,
-    native_int4_available,
     pack_int4_vnni,
     quantize_int4_vnni,
     unpack_int4_vnni,
@@ -133,6 +133,9 @@ class QuantizedLinear(nn.Module):
 
 
 class Int8Linear(QuantizedLinear):
+    weight_int8: torch.Tensor  # [out, in] int8
+    scales: torch.Tensor  # [out], one per output row
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
@@ -178,7 +181,7 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def int4_kernel_layout_matches() -> bool:
+def _torch_int4_layout_matches() -> bool:
     """Whether this torch's CPU int4 packing is `pack_int4`'s layout (checked once)."""
     pack = getattr(torch, "_convert_weight_to_int4pack_for_cpu", None)
     if pack is None or not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
@@ -195,7 +198,23 @@ def int4_kernel_layout_matches() -> bool:
 
 
 class Int4Linear(QuantizedLinear):
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group_size: int) -> None:
+    # The packed codes; with the native kernel's format its scales and zero points, else
+    # PyTorch's scales_and_zeros (see __init__).
+    weight_int4: torch.Tensor
+    scales: torch.Tensor
+    zero_points: torch.Tensor
+    scales_and_zeros: torch.Tensor
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        group_size: int,
+        *,
+        native_kernels: bool = True,
+    ) -> None:
+        """`native_kernels`: use the native int4 kernel's format where it is supported (False:
+        PyTorch's format and kernels only, as EngineConfig.native_kernels says)."""
         super().__init__()
         self.out_features, self.in_features = weight.shape
         if self.in_features % group_size:
@@ -211,14 +230,11 @@ class Int4Linear(QuantizedLinear):
         if padded_rows != self.out_features:
             w = torch.cat((w, w.new_zeros(padded_rows - self.out_features, self.in_features)))
         groups = w.view(padded_rows, -1, group_size)
-        self.is_native = (
-            weight.dtype == torch.bfloat16
-            and weight.device.type == "cpu"
-            and fits_native_int4(self.in_features, group_size)
-            and native_int4_available()
+        self.is_native = native_kernels and native_int4.is_supported(
+            self.in_features, group_size, weight.dtype, weight.device
         )
         self.register_buffer("bias", bias)
-        self._native_matmul = None
+        self._native_matmul: Int4VnniMatmul | None = None
         if self.is_native:
             codes, scales, zero_points = quantize_int4_vnni(groups)
             self.register_buffer("weight_int4", pack_int4_vnni(codes.view(padded_rows, -1)))
@@ -258,10 +274,10 @@ class Int4Linear(QuantizedLinear):
     def can_use_kernel(self, x: torch.Tensor) -> bool:
         if self.is_native:
             return x.device.type == "cpu" and x.dtype == torch.bfloat16
-        return super().can_use_kernel(x) and int4_kernel_layout_matches()
+        return super().can_use_kernel(x) and _torch_int4_layout_matches()
 
     def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.is_native:
+        if self._native_matmul is not None:
             return self._native_matmul(x.contiguous())
         y = torch._weight_int4pack_mm_for_cpu(
             x, self.weight_int4, self.group_size, self.scales_and_zeros.to(x.dtype)
@@ -332,21 +348,31 @@ class QuantizedEmbedding(nn.Module):
         return self.table.dequantize_row_ids(input_ids, self.dtype)
 
 
-def quantize_linear(linear: nn.Linear, method: str, group_size: int) -> QuantizedLinear:
+def quantize_linear(
+    linear: nn.Linear, method: str, group_size: int, *, native_kernels: bool = True
+) -> QuantizedLinear:
     weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
     if method == "int8":
         return Int8Linear(weight, bias)
-    return Int4Linear(weight, bias, group_size)
+    return Int4Linear(weight, bias, group_size, native_kernels=native_kernels)
+
+
+Model = TypeVar("Model", bound=nn.Module)
 
 
 def quantize_model(
-    model: nn.Module, method: str, group_size: int = DEFAULT_INT4_GROUP_SIZE
-) -> nn.Module:
+    model: Model,
+    method: str,
+    group_size: int = DEFAULT_INT4_GROUP_SIZE,
+    *,
+    native_kernels: bool = True,
+) -> Model:
     """Swap the model's linear layers and token embedding for quantized ones, in place.
 
     `method` "none" leaves the model as it is. The float weights are released as each module is
-    replaced, so peak memory grows by one layer, not one model.
+    replaced, so peak memory grows by one layer, not one model. `native_kernels`: see
+    `Int4Linear`.
     """
     check_quantization(method, group_size)
     if method == "none":
@@ -357,11 +383,16 @@ def quantize_model(
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     child_method = TABLE_METHOD if name == "lm_head" else method
-                    setattr(parent, name, quantize_linear(child, child_method, group_size))
+                    quantized = quantize_linear(
+                        child, child_method, group_size, native_kernels=native_kernels
+                    )
+                    setattr(parent, name, quantized)
         embedding = getattr(model, "embed_tokens", None)
         if isinstance(embedding, nn.Embedding):
             dtype = embedding.weight.dtype
-            table = quantize_linear(_as_linear(embedding), TABLE_METHOD, group_size)
+            table = quantize_linear(
+                _as_linear(embedding), TABLE_METHOD, group_size, native_kernels=native_kernels
+            )
             model.embed_tokens = QuantizedEmbedding(table, dtype)
             if getattr(model, "lm_head", "absent") is None:
                 # NOTE: a tied model's logits use the same table (see LlamaForCausalLM).
@@ -388,7 +419,7 @@ def model_weight_bytes(model: nn.Module) -> int:
     seen: set[int] = set()
     total = 0
     for tensor in [*model.parameters(), *model.buffers()]:
-        # NOTE: oneDNN-packed weights (packed_linear.py) are opaque: no data pointer to share.
+        # NOTE: oneDNN-packed weights (layers/linear.py) are opaque: no data pointer to share.
         key = id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
         if tensor.device.type == "meta" or key in seen:
             continue

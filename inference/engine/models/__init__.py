@@ -1,0 +1,1 @@
+"""One module per model architecture (llama.py: Llama, Mistral, Qwen2, SmolLM2)."""

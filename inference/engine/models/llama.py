@@ -2,21 +2,21 @@
 
 All sequences of a step are concatenated into one `[num_tokens, hidden]` tensor, so prefill chunks
 and decode tokens of many sequences share every linear layer; only attention needs to know where
-one sequence ends (see `attention.py`). q/k/v and gate/up are fused into one linear each: one
+one sequence ends (see layers/attention/). q/k/v and gate/up are fused into one linear each: one
 GEMM instead of three (two) reads the activations once and pays the per-call overhead once.
 
 Numerics follow transformers' eager implementation op for op (RMSNorm in float32, RoPE tables in
 float32 cast to the model dtype, each residual add rounded to the model dtype), so greedy output
 can be compared token for token. For bf16 on CPU, the residual add + norm and the rotation +
-KV-cache write run as native kernels that round the same way (native_rms_norm.py,
-native_rotary.py).
+KV-cache write run as native kernels that round the same way (kernels/rms_norm.py,
+kernels/rotary_store.py).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +25,25 @@ from torch import nn
 from inference.engine.kernels import rms_norm as native_rms_norm
 from inference.engine.kernels import rotary_store as native_rotary
 from inference.engine.kernels import silu_and_mul as native_silu_and_mul
+from inference.engine.kv_cache import LayerKVCache
 from inference.engine.layers.attention import AttentionMetadata, paged_attention
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+class FusedLayers(Protocol):
+    """All decoder layers of a decode step in one call (kernels.decode_layers.FusedDecode).
+
+    NOTE: a protocol, so the model does not import the kernel that imports the model.
+    """
+
+    def applies_to(
+        self, metadata: AttentionMetadata, kv_caches: list[LayerKVCache], num_tokens: int
+    ) -> bool: ...
+
+    def __call__(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metadata: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 @dataclass(slots=True)
@@ -143,6 +159,8 @@ def rope_inv_freq(rope: RopeArgs, head_dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, rope: RopeArgs, head_dim: int) -> None:
         super().__init__()
         # NOTE: explicit CPU device: the loader builds the model under a meta-device context and
@@ -171,10 +189,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, *, native_kernels: bool = True) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.native_kernels = native_kernels
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -182,9 +201,9 @@ class RMSNorm(nn.Module):
         """(norm(x), None), or with the residual stream: (norm(x + residual), x + residual).
 
         Adding the residual here lets bf16 on CPU do both in one native call (see
-        native_rms_norm.py), which then updates `residual` in place.
+        kernels/rms_norm.py), which then updates `residual` in place.
         """
-        if native_rms_norm.supports(x, self.weight):
+        if self.native_kernels and native_rms_norm.is_supported(x, self.weight):
             return native_rms_norm.add_rms_norm(x, residual, self.weight, self.eps), residual
         if residual is not None:
             x = residual = residual + x
@@ -197,8 +216,9 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, *, native_kernels: bool = True) -> None:
         super().__init__()
+        self.native_kernels = native_kernels
         self.num_heads = args.num_heads
         self.num_kv_heads = args.num_kv_heads
         self.head_dim = args.head_dim
@@ -215,19 +235,24 @@ class Attention(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, ...],
+        kv_cache: LayerKVCache,
         metadata: AttentionMetadata,
     ) -> torch.Tensor:
         num_tokens = x.shape[0]
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        is_stored = len(kv_cache) == 2 and native_rotary.supports(qkv, kv_cache[0], self.head_dim)
+        is_stored = (
+            self.native_kernels
+            and len(kv_cache) == 2
+            and native_rotary.is_supported(qkv, kv_cache[0], self.head_dim)
+        )
         if is_stored:  # bf16 cache on CPU: rotation and cache write in one native call
             q, k = native_rotary.rotate_and_store(
                 qkv,
                 cos,
                 sin,
-                *kv_cache,
+                kv_cache[0],
+                kv_cache[1],
                 metadata.write_index,
                 self.num_heads,
                 self.num_kv_heads,
@@ -250,12 +275,14 @@ class Attention(nn.Module):
             kv_scales=kv_cache[2:],
             is_kv_stored=is_stored,
         )
-        return self.o_proj(out.view(num_tokens, self.q_size))
+        projected: torch.Tensor = self.o_proj(out.view(num_tokens, self.q_size))
+        return projected
 
 
 class MLP(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, *, native_kernels: bool = True) -> None:
         super().__init__()
+        self.native_kernels = native_kernels
         self.intermediate_size = args.intermediate_size
         self.gate_up_proj = nn.Linear(
             args.hidden_size, 2 * args.intermediate_size, bias=args.mlp_bias
@@ -263,20 +290,26 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(args.intermediate_size, args.hidden_size, bias=args.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate_up = self.gate_up_proj(x)
-        if native_silu_and_mul.supports(gate_up):
-            return self.down_proj(native_silu_and_mul.silu_and_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate_up: torch.Tensor = self.gate_up_proj(x)
+        if self.native_kernels and native_silu_and_mul.is_supported(gate_up):
+            activated = native_silu_and_mul.silu_and_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)  # (gate | up), intermediate_size each
+            activated = F.silu(gate) * up
+        out: torch.Tensor = self.down_proj(activated)
+        return out
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, args: LlamaArgs) -> None:
+    def __init__(self, args: LlamaArgs, *, native_kernels: bool = True) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.self_attn = Attention(args)
-        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps)
-        self.mlp = MLP(args)
+        native = native_kernels
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, native_kernels=native)
+        self.self_attn = Attention(args, native_kernels=native)
+        self.post_attention_layernorm = RMSNorm(
+            args.hidden_size, args.rms_norm_eps, native_kernels=native
+        )
+        self.mlp = MLP(args, native_kernels=native)
 
     def forward(
         self,
@@ -284,7 +317,7 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, ...],
+        kv_cache: LayerKVCache,
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(this layer's MLP output, the residual stream before it is added).
@@ -304,15 +337,20 @@ class DecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """Parameter names follow transformers' (without the `model.` prefix) except the fused
-    `self_attn.qkv_proj` and `mlp.gate_up_proj`; the loader maps checkpoints onto them."""
+    `self_attn.qkv_proj` and `mlp.gate_up_proj`; the loader maps checkpoints onto them.
 
-    def __init__(self, args: LlamaArgs) -> None:
+    `native_kernels`: the norms, rotary + cache write and activation run the native kernels
+    where they support the tensors (False: PyTorch ops only; EngineConfig.native_kernels)."""
+
+    def __init__(self, args: LlamaArgs, *, native_kernels: bool = True) -> None:
         super().__init__()
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.rotary_emb = RotaryEmbedding(args.rope, args.head_dim)
-        self.layers = nn.ModuleList(DecoderLayer(args) for _ in range(args.num_layers))
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+        self.layers = nn.ModuleList(
+            DecoderLayer(args, native_kernels=native_kernels) for _ in range(args.num_layers)
+        )
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, native_kernels=native_kernels)
         # NOTE: tied models read the embedding matrix in `compute_logits` instead of holding a
         # second parameter, so there is nothing to re-tie after loading or casting.
         self.lm_head = (
@@ -321,31 +359,34 @@ class LlamaForCausalLM(nn.Module):
             else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         )
         # Set by ModelRunner where all layers can run a decode step in one native call
-        # (fused_decode.FusedDecode); None: the layers run one by one.
-        self.fused_decode = None
+        # (kernels/decode_layers.py); None: the layers run one by one.
+        self.fused_decode: FusedLayers | None = None
 
     def forward(
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
         metadata: AttentionMetadata,
-        kv_caches: list[tuple[torch.Tensor, ...]],
+        kv_caches: list[LayerKVCache],
     ) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] after the final norm, for a flat token batch."""
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary_emb(positions, x.dtype)
         fused = self.fused_decode
-        if fused is not None and fused.can_run(metadata, kv_caches, len(input_ids)):
+        if fused is not None and fused.applies_to(metadata, kv_caches, len(input_ids)):
             x, residual = fused(x, cos, sin, metadata)
         else:
             residual = None
             for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
                 x, residual = layer(x, residual, cos, sin, kv_cache, metadata)
-        return self.norm(x, residual)[0]
+        normed: tuple[torch.Tensor, torch.Tensor | None] = self.norm(x, residual)
+        return normed[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head is None:
-            return F.linear(hidden, self.embed_tokens.weight)
+            table: torch.Tensor = self.embed_tokens.weight
+            return F.linear(hidden, table)
         # NOTE: a module call, not its .weight: quantization swaps in its own linear here (for
         # tied models, the quantized embedding table; see quantization.py).
-        return self.lm_head(hidden)
+        logits: torch.Tensor = self.lm_head(hidden)
+        return logits

@@ -26,7 +26,7 @@
 
 enum { LINEAR_BF16_AMX = 0, LINEAR_INT4 = 1 };
 
-/* Keep in step with fused_decode.py (ctypes Structures). */
+/* Keep in step with decode_layers.py (ctypes Structures). */
 typedef struct {
     int64_t kind;
     int64_t out_features, padded_out_features, in_features, group_size;
@@ -73,7 +73,7 @@ static int linear(const linear_desc *layer, const uint16_t *x, uint16_t *out, in
  * residual:     [m, hidden] bf16, written: the residual stream before that output is added
  * cos, sin:     [m, head_dim] bf16 (RotaryEmbedding); write_index: [m * num_kv_heads] int64
  * block_tables: [m, table_stride] int32; context_lens: [m] int32 (this token included)
- * tokens_per_part, num_parts: the attention's context partitions (paged_decode_kernel.py)
+ * tokens_per_part, num_parts: the attention's context partitions (paged_decode_attention.py)
  * Returns 0, or the first failing kernel's status (negative), or -100 without memory.
  */
 int decode_layers_bf16(const model_desc *model, const layer_desc *layers, uint16_t *x,

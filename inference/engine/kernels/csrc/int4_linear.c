@@ -3,7 +3,7 @@
  *
  * Weights: codes q in [0, 15] with, per group of `group_size` input columns and output row, a
  * bf16 scale s and a uint8 zero point z in sixteenths of s: w = s (q - z / 16) (the format of
- * native_int4_linear.py). The codes are packed by tiles of 64 output rows as [K/8][64][4]
+ * int4_linear.py). The codes are packed by tiles of 64 output rows as [K/8][64][4]
  * bytes: the 4 bytes of row r at step j hold columns 8j..8j+3 in their low nibbles and
  * 8j+4..8j+7 in their high nibbles, so one 64-byte load gives 16 rows x 8 columns, ready for
  * vpdpbusd. Scales and zero points are [K/group_size][N] arrays.

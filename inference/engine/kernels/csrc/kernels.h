@@ -1,5 +1,5 @@
 /*
- * The kernels' exported functions (what native_kernels.py loads and decode_layers.c calls).
+ * The kernels' exported functions (what kernels/__init__.py loads and decode_layers.c calls).
  * Each source includes this header, so a signature that drifts fails to compile.
  */
 #ifndef CACHET_KERNELS_H

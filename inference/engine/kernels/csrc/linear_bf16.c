@@ -3,7 +3,7 @@
  *
  * Weights are packed once, at load time, in AMX's "VNNI" layout by tiles of 16 output rows:
  * [N/16][K/2][16][2], so the B operand of one tile multiply (32 values of k for 16 rows) is
- * 1 KB of contiguous memory. Why not oneDNN's own packed weights (packed_linear.py): at one
+ * 1 KB of contiguous memory. Why not oneDNN's own packed weights (layers/linear.py): at one
  * token a decode step only streams the weights, and oneDNN's kernel reaches ~12 GB/s there
  * against ~27 GB/s that two cores can read; this kernel keeps the tile unit fed with sequential
  * 1 KB loads at any number of tokens.

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from inference.engine.config import ConfigError, EngineConfig
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
+from inference.engine.config import ConfigError
 from inference.engine.kv_cache import KVCacheSpec, dequantize_kv, quantize_kv
 from inference.engine.layers.quantization import (
     PACKED_KERNEL_MAX_TOKENS,
@@ -22,7 +23,6 @@ from inference.engine.layers.quantization import (
     unpack_int4,
 )
 from inference.engine.loader import load_model
-from inference.engine.model_runner import BatchEntry, ModelRunner
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -187,14 +187,10 @@ def test_a_model_runner_with_an_int8_kv_cache_stays_close_to_the_float_cache(tin
 
 
 def make_tiny_runner(model_dir, **options) -> ModelRunner:
-    return ModelRunner(
-        model_dir,
-        dtype=torch.float32,
-        kv_cache_bytes=2**20,
-        block_size=16,
-        max_model_len=64,
-        **options,
+    config = EngineConfig(
+        model_dir, dtype=torch.float32, kv_cache_mb=1, block_size=16, max_model_len=64, **options
     )
+    return ModelRunner(config)
 
 
 # ---- the real model through the engine ----

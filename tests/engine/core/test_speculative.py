@@ -11,14 +11,14 @@ from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.speculative import NgramProposer
 from inference.engine.engine import Engine
 from inference.engine.outputs import Delta
-from tests.engine_fakes import (
+from tests.engine.fakes import (
     EOS_TOKEN_ID,
     FakeRunner,
     FakeTokenizer,
     ScriptedRunner,
     reference_completion,
 )
-from tests.real_engine import RealEngines, chat, float32_runner
+from tests.engine.real_model import RealEngines, chat, float32_runner
 
 # ---- the proposer ----
 

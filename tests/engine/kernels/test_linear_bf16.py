@@ -1,4 +1,5 @@
-"""AMX bf16 linear layers: F.linear's results, swapped in for bf16 models on AMX CPUs."""
+"""The AMX bf16 matmul (csrc/linear_bf16.c) in `AmxLinear` layers: F.linear's results, swapped in
+for bf16 models on AMX CPUs."""
 
 from __future__ import annotations
 
@@ -7,21 +8,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine import model_runner
-from inference.engine.kernels.linear_bf16 import (
-    AmxEmbedding,
-    AmxLinear,
-    can_use_amx,
-    fits_amx,
-    pack_model_for_amx,
-)
-from inference.engine.layers.packed_linear import PackedLinear
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
+from inference.engine.kernels import linear_bf16
+from inference.engine.layers.linear import AmxEmbedding, AmxLinear, PackedLinear, pack_model_for_amx
 from inference.engine.layers.quantization import model_weight_bytes
-from inference.engine.model_runner import BatchEntry, ModelRunner
-from tests.real_engine import bfloat16_runner
+from tests.engine.real_model import bfloat16_runner
 
 pytestmark = pytest.mark.skipif(
-    not can_use_amx(torch.bfloat16, "cpu"),
+    not linear_bf16.is_supported(16, 32, torch.bfloat16, "cpu"),
     reason="needs a CPU with AMX (amx_tile, amx_bf16), Linux and a C compiler",
 )
 
@@ -70,7 +64,8 @@ def test_rows_read_back_from_the_packed_layout_are_the_original_weight_rows():
 
 
 def test_shapes_that_do_not_fit_amx_tiles_are_refused():
-    assert fits_amx(48, 64) and not fits_amx(40, 64) and not fits_amx(48, 48)
+    assert linear_bf16.is_supported(48, 64)
+    assert not linear_bf16.is_supported(40, 64) and not linear_bf16.is_supported(48, 48)
     with pytest.raises(ValueError, match="does not fit AMX tiles"):
         AmxLinear(torch.zeros(40, 64, dtype=torch.bfloat16), None)
 
@@ -111,17 +106,18 @@ def test_a_bf16_runner_on_amx_computes_the_logits_of_the_onednn_runner(
         return torch.cat([prefill, runner.execute([BatchEntry([7], len(prompt), [0, 1, 2])])])
 
     def make() -> ModelRunner:
-        return ModelRunner(
+        config = EngineConfig(
             tiny_model_dir(kind),
             dtype=torch.bfloat16,
-            kv_cache_bytes=2**20,
+            kv_cache_mb=1,
             block_size=16,
             max_model_len=64,
         )
+        return ModelRunner(config)
 
     amx_runner = make()
     assert isinstance(amx_runner.model.layers[0].mlp.gate_up_proj, AmxLinear)
-    monkeypatch.setattr(model_runner, "can_use_amx", lambda *args: False)
+    monkeypatch.setattr(linear_bf16, "is_supported", lambda *args: False)
     onednn_runner = make()
     assert isinstance(onednn_runner.model.layers[0].mlp.gate_up_proj, PackedLinear)
     amx_logits, onednn_logits = logits(amx_runner), logits(onednn_runner)
@@ -146,7 +142,7 @@ def test_the_real_model_on_amx_predicts_like_the_onednn_model(
         return logits.log_softmax(-1), type(runner.model.layers[0].self_attn.o_proj)
 
     amx_logprobs, amx_type = predictions()
-    monkeypatch.setattr(model_runner, "can_use_amx", lambda *args: False)
+    monkeypatch.setattr(linear_bf16, "is_supported", lambda *args: False)
     onednn_logprobs, onednn_type = predictions()
     assert (amx_type, onednn_type) == (AmxLinear, PackedLinear)
     agreement = (amx_logprobs.argmax(-1) == onednn_logprobs.argmax(-1)).float().mean()

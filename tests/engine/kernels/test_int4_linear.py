@@ -6,11 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-import inference.engine.layers.quantization as quantization
+from inference.engine.kernels import int4_linear
 from inference.engine.kernels.int4_linear import (
     MAX_TOKENS,
-    fits_native_int4,
-    native_int4_available,
     pack_int4_vnni,
     quantize_int4_vnni,
     unpack_int4_vnni,
@@ -19,7 +17,8 @@ from inference.engine.kernels.int4_linear import (
 from inference.engine.layers.quantization import Int4Linear
 
 needs_kernel = pytest.mark.skipif(
-    not native_int4_available(), reason="this CPU or machine cannot run the native int4 kernel"
+    not int4_linear.is_supported(64, 32),
+    reason="this CPU or machine cannot run the native int4 kernel",
 )
 
 
@@ -128,7 +127,7 @@ def test_rows_looked_up_by_id_are_the_dequantized_rows():
 @needs_kernel
 def test_the_native_format_takes_three_quarters_of_the_bytes_of_pytorchs_per_group(monkeypatch):
     native = int4_layer(128, 96, 32)
-    monkeypatch.setattr(quantization, "native_int4_available", lambda: False)
+    monkeypatch.setattr(int4_linear, "is_supported", lambda *args: False)
     portable = int4_layer(128, 96, 32)
     assert not portable.is_native
     native_bytes = native.scales.nbytes + native.zero_points.nbytes
@@ -145,5 +144,5 @@ def test_the_native_format_takes_three_quarters_of_the_bytes_of_pytorchs_per_gro
 def test_float32_layers_and_unaligned_widths_keep_pytorchs_layout():
     weight = torch.randn(64, 64) * 0.05
     assert not Int4Linear(weight, None, 32).is_native
-    assert not fits_native_int4(48, 32)
-    assert not fits_native_int4(64, 48)
+    assert not int4_linear.is_supported(48, 32)
+    assert not int4_linear.is_supported(64, 48)

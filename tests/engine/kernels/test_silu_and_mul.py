@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from inference.engine.kernels import silu_and_mul as native_silu_and_mul
 
 pytestmark = pytest.mark.skipif(
-    not native_silu_and_mul.supports(torch.zeros(1, 32, dtype=torch.bfloat16)),
+    not native_silu_and_mul.is_supported(torch.zeros(1, 32, dtype=torch.bfloat16)),
     reason="the native kernel needs an x86-64 CPU with AVX-512 BF16 and a C compiler",
 )
 
@@ -40,5 +40,5 @@ def test_batched_and_non_contiguous_inputs_keep_their_leading_shape():
 
 
 def test_other_dtypes_and_widths_are_left_to_pytorch():
-    assert not native_silu_and_mul.supports(torch.zeros(1, 32))
-    assert not native_silu_and_mul.supports(torch.zeros(1, 48, dtype=torch.bfloat16))
+    assert not native_silu_and_mul.is_supported(torch.zeros(1, 32))
+    assert not native_silu_and_mul.is_supported(torch.zeros(1, 48, dtype=torch.bfloat16))

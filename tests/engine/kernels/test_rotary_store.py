@@ -5,13 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine.kernels import rotary_store as native_rotary
 from inference.engine.layers.attention import build_attention_metadata
-from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.models.llama import RopeArgs, RotaryEmbedding, apply_rotary
 
 needs_kernel = pytest.mark.skipif(
-    not native_rotary.supports(
+    not native_rotary.is_supported(
         torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.bfloat16), 64
     ),
     reason="the native kernel needs an x86-64 CPU with AVX-512 BF16 and a C compiler",
@@ -60,9 +60,9 @@ def test_rotation_and_cache_write_are_bitwise_the_pytorch_ops(
 
 def test_other_dtypes_and_head_sizes_are_left_to_pytorch():
     bf16, fp32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
-    assert not native_rotary.supports(fp32, fp32, 64)
-    assert not native_rotary.supports(bf16, torch.zeros(1, dtype=torch.int8), 64)
-    assert not native_rotary.supports(bf16, bf16, 48)
+    assert not native_rotary.is_supported(fp32, fp32, 64)
+    assert not native_rotary.is_supported(bf16, torch.zeros(1, dtype=torch.int8), 64)
+    assert not native_rotary.is_supported(bf16, bf16, 48)
 
 
 @needs_kernel
@@ -70,13 +70,14 @@ def test_other_dtypes_and_head_sizes_are_left_to_pytorch():
 def test_a_bf16_model_computes_bitwise_the_same_logits_with_the_native_rotation(
     tiny_model_dir, monkeypatch
 ):
-    runner = ModelRunner(
+    config = EngineConfig(
         tiny_model_dir("llama"),  # head_dim 32: the kernel's smallest
         dtype=torch.bfloat16,
-        kv_cache_bytes=2**20,
+        kv_cache_mb=1,
         block_size=16,
         max_model_len=64,
     )
+    runner = ModelRunner(config)
     assert runner.model.args.head_dim == 32
 
     def logits() -> torch.Tensor:
@@ -86,5 +87,5 @@ def test_a_bf16_model_computes_bitwise_the_same_logits_with_the_native_rotation(
         return torch.cat([prefill, decode])
 
     native = logits()
-    monkeypatch.setattr(native_rotary, "supports", lambda *args: False)
+    monkeypatch.setattr(native_rotary, "is_supported", lambda *args: False)
     assert torch.equal(native, logits())

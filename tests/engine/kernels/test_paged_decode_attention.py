@@ -11,10 +11,10 @@ import torch
 from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
 from inference.engine.layers.attention import build_attention_metadata, paged_attention
 from inference.engine.model_runner import BatchEntry
-from tests.real_engine import bfloat16_runner
+from tests.engine.real_model import bfloat16_runner
 
 pytestmark = pytest.mark.skipif(
-    not paged_decode_kernel.supports(torch.bfloat16, torch.device("cpu"), 1, 1, 64, 16),
+    not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 1, 1, 64, 16),
     reason="the native kernel needs an x86-64 CPU with AVX-512 BF16 and a C compiler",
 )
 
@@ -121,11 +121,11 @@ def test_rows_past_the_context_are_never_read_even_when_they_hold_nan():
 
 
 def test_shapes_the_kernel_does_not_support_are_refused():
-    assert not paged_decode_kernel.supports(torch.float32, torch.device("cpu"), 9, 3, 64, 16)
-    assert not paged_decode_kernel.supports(torch.bfloat16, torch.device("cpu"), 9, 3, 48, 16)
-    assert not paged_decode_kernel.supports(torch.bfloat16, torch.device("cpu"), 9, 3, 64, 8)
-    assert not paged_decode_kernel.supports(torch.bfloat16, torch.device("cpu"), 34, 2, 64, 16)
-    assert not paged_decode_kernel.supports(torch.bfloat16, torch.device("meta"), 9, 3, 64, 16)
+    assert not paged_decode_kernel.is_supported(torch.float32, torch.device("cpu"), 9, 3, 64, 16)
+    assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 9, 3, 48, 16)
+    assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 9, 3, 64, 8)
+    assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 34, 2, 64, 16)
+    assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("meta"), 9, 3, 64, 16)
     k_cache, v_cache = random_cache(2, 1, 16, 48, seed=0)
     q = torch.zeros(1, 1, 1, 48, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head_dim 48"):
@@ -199,7 +199,7 @@ def test_real_model_decoding_through_the_kernel_is_as_accurate_as_the_gather_pat
     # cascade runs too): the kernel's next-token perplexity must equal the PyTorch path's to
     # bf16 noise, and its top-1 predictions must agree. Measured: perplexity 10.372 (kernel)
     # vs 10.373 (gather + SDPA) vs 10.342 (float32); top-1 agreement 97.7%.
-    text = (Path(__file__).parents[1] / "data" / "squad_passages.txt").read_text()
+    text = (Path(__file__).parents[2] / "data" / "squad_passages.txt").read_text()
     token_ids = real_tokenizer(text)["input_ids"]
     shared, own, steps, num_seqs, block_size = 256, 128, 64, 4, 16
     sequences = [

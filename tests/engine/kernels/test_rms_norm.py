@@ -8,10 +8,12 @@ import torch
 from inference.engine.kernels import rms_norm as native_rms_norm
 from inference.engine.model_runner import BatchEntry
 from inference.engine.models.llama import RMSNorm
-from tests.real_engine import bfloat16_runner
+from tests.engine.real_model import bfloat16_runner
 
 needs_kernel = pytest.mark.skipif(
-    not native_rms_norm.supports(torch.zeros(16, dtype=torch.bfloat16), torch.zeros(16).bfloat16()),
+    not native_rms_norm.is_supported(
+        torch.zeros(16, dtype=torch.bfloat16), torch.zeros(16).bfloat16()
+    ),
     reason="the native kernel needs an x86-64 CPU with AVX-512 BF16 and a C compiler",
 )
 
@@ -51,8 +53,8 @@ def test_with_a_residual_the_sum_is_stored_in_place_and_normalised(rows):
 
 
 def test_other_dtypes_and_odd_sizes_are_left_to_pytorch():
-    assert not native_rms_norm.supports(torch.zeros(2, 576), torch.zeros(576))
-    assert not native_rms_norm.supports(
+    assert not native_rms_norm.is_supported(torch.zeros(2, 576), torch.zeros(576))
+    assert not native_rms_norm.is_supported(
         torch.zeros(2, 40, dtype=torch.bfloat16), torch.zeros(40, dtype=torch.bfloat16)
     )
 
@@ -62,7 +64,7 @@ def test_the_model_norm_gives_the_same_results_natively_and_op_by_op(monkeypatch
     x, residual, _ = random_rows(4, 576, seed=3)
     norm = RMSNorm(576, 1e-5).to(torch.bfloat16)
     native_out, native_residual = norm(x, residual.clone())
-    monkeypatch.setattr(native_rms_norm, "supports", lambda x, weight: False)
+    monkeypatch.setattr(native_rms_norm, "is_supported", lambda x, weight: False)
     torch_out, torch_residual = norm(x, residual.clone())
     assert torch.equal(native_out, torch_out) and torch.equal(native_residual, torch_residual)
     assert norm(x)[1] is None
@@ -78,7 +80,7 @@ def test_real_model_bf16_logits_with_the_native_norm_match_the_op_by_op_norm(
     runner = bfloat16_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
     table = list(range(4))
     native_logits = runner.execute([BatchEntry(prompt, 0, table)])
-    monkeypatch.setattr(native_rms_norm, "supports", lambda x, weight: False)
+    monkeypatch.setattr(native_rms_norm, "is_supported", lambda x, weight: False)
     torch_logits = runner.execute([BatchEntry(prompt, 0, table)])
     # NOTE: bitwise on this prompt when measured; a tolerance keeps a one-ulp flip in the
     # float32 sum order from failing the test, while a wrong norm would move logits by units.

@@ -7,10 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inference.engine import model_runner
-from inference.engine.layers.packed_linear import PackedLinear, can_pack, pack_linear_layers
+from inference.engine import BatchEntry, EngineConfig, ModelRunner, model_runner
+from inference.engine.kernels import linear_bf16
+from inference.engine.layers.linear import PackedLinear, can_pack, pack_linear_layers
 from inference.engine.layers.quantization import model_weight_bytes
-from inference.engine.model_runner import BatchEntry, ModelRunner
 
 needs_onednn_bf16 = pytest.mark.skipif(
     not can_pack(torch.bfloat16, "cpu"), reason="this CPU has no oneDNN bf16 kernels"
@@ -52,16 +52,17 @@ def test_a_bf16_runner_packs_its_layers_and_computes_the_same_logits(tiny_model_
         return runner.execute([BatchEntry([7], len(prompt), [0, 1, 2])])
 
     def make() -> ModelRunner:
-        return ModelRunner(
+        config = EngineConfig(
             tiny_model_dir("qwen2"),
             dtype=torch.bfloat16,
-            kv_cache_bytes=2**20,
+            kv_cache_mb=1,
             block_size=16,
             max_model_len=64,
         )
+        return ModelRunner(config)
 
-    # NOTE: on CPUs with AMX the runner prefers amx_linear.py; this test is about oneDNN.
-    monkeypatch.setattr(model_runner, "can_use_amx", lambda *args: False)
+    # NOTE: on CPUs with AMX the runner prefers the AMX kernel's layers; this test is about oneDNN.
+    monkeypatch.setattr(linear_bf16, "is_supported", lambda *args: False)
     packed_runner = make()
     assert isinstance(packed_runner.model.layers[0].self_attn.qkv_proj, PackedLinear)
     monkeypatch.setattr(model_runner, "can_pack", lambda *args: False)

@@ -9,10 +9,10 @@ import weakref
 import pytest
 import torch
 
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine import kernels as native_kernels
 from inference.engine.layers.attention import CASCADE_MIN_SHARED_TOKENS, build_attention_metadata
-from inference.engine.model_runner import BatchEntry, ModelRunner
-from tests.real_engine import float32_runner
+from tests.engine.real_model import float32_runner
 
 pytestmark = pytest.mark.skipif(
     native_kernels.load_kernel("decode_layers") is None,
@@ -22,15 +22,17 @@ pytestmark = pytest.mark.skipif(
 BLOCKS_PER_SEQ = 40  # 640 tokens
 
 
-def runner(model_dir, quantization: str) -> ModelRunner:
-    return ModelRunner(
+def runner(model_dir, quantization: str, **options) -> ModelRunner:
+    config = EngineConfig(
         model_dir,
         dtype=torch.bfloat16,
-        kv_cache_bytes=64 * 2**20,
+        kv_cache_mb=64,
         block_size=16,
         max_model_len=1024,
         quantization=quantization,
+        **options,
     )
+    return ModelRunner(config)
 
 
 @pytest.fixture(scope="module", params=["none", "int4"])
@@ -98,15 +100,15 @@ def test_steps_with_a_prefill_or_a_shared_prefix_take_the_layer_by_layer_path(fu
         )
 
     decodes = metadata([1, 1], [40, 70], [[0, 1, 2], [5, 6, 7, 8, 9]])
-    assert fused.can_run(decodes, caches, 2)
+    assert fused.applies_to(decodes, caches, 2)
     mixed = metadata([1, 30], [40, 0], [[0, 1, 2], [5, 6]])
-    assert not fused.can_run(mixed, caches, 31)
+    assert not fused.applies_to(mixed, caches, 31)
     shared = list(range(CASCADE_MIN_SHARED_TOKENS // 16))
     context = len(shared) * 16 + 20
     shared_prefix = metadata([1, 1], [context] * 2, [[*shared, 90, 91], [*shared, 92, 93]])
     assert shared_prefix.decode_shared_gather_index is not None
-    assert not fused.can_run(shared_prefix, caches, 2)
-    assert not fused.can_run(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
+    assert not fused.applies_to(shared_prefix, caches, 2)
+    assert not fused.applies_to(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
 
 
 def test_int8_weights_and_float32_models_keep_the_layer_by_layer_path(chat_model_dir):
@@ -147,9 +149,8 @@ def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_run
     assert (fused - cascade).abs().max() < 0.05 * cascade.abs().max()
 
 
-def test_the_environment_can_turn_the_fused_path_off(chat_model_dir, monkeypatch):
-    monkeypatch.setenv("CACHET_FUSED_DECODE", "0")
-    assert runner(chat_model_dir, "none").model.fused_decode is None
+def test_the_engine_config_can_turn_the_fused_path_off(chat_model_dir):
+    assert runner(chat_model_dir, "none", fused_decode=False).model.fused_decode is None
 
 
 def test_a_dropped_runner_frees_its_model_without_waiting_for_the_garbage_collector(

@@ -7,9 +7,12 @@ import os
 import shutil
 
 import pytest
+import torch
 
+from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine import kernels as native_kernels
 from inference.engine.kernels import KERNELS, load_kernel
+from inference.engine.layers.linear import AmxLinear
 
 KERNEL = "paged_decode_attention"
 ALL_NEEDED_FLAGS = frozenset(KERNELS[KERNEL].required_cpu_flags)
@@ -24,7 +27,6 @@ needs_cpu = pytest.mark.skipif(
 def fresh_cache(tmp_path, monkeypatch):
     """An empty kernel cache directory, and load_kernel's per-process memo cleared."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.delenv("CACHET_NATIVE_KERNELS", raising=False)
     load_kernel.cache_clear()
     yield tmp_path / "cachet" / "kernels"
     load_kernel.cache_clear()
@@ -97,11 +99,28 @@ def test_a_cpu_without_the_needed_instructions_gets_no_kernel(fresh_cache, monke
     assert not fresh_cache.exists()  # nothing was built
 
 
-@pytest.mark.parametrize("value", ["0", "false", "no"])
-def test_the_environment_can_turn_native_kernels_off(fresh_cache, monkeypatch, value):
-    monkeypatch.setenv("CACHET_NATIVE_KERNELS", value)
-    assert load_kernel(KERNEL) is None
-    assert not fresh_cache.exists()
+@pytest.mark.parametrize("quantization", ["none", "int8", "int4"])
+def test_a_runner_configured_without_native_kernels_builds_none_and_runs_pytorch_only(
+    fresh_cache, tiny_model_dir, quantization
+):
+    config = EngineConfig(
+        tiny_model_dir("llama"),
+        dtype=torch.bfloat16,
+        kv_cache_mb=1,
+        block_size=16,
+        max_model_len=64,
+        quantization=quantization,
+        native_kernels=False,
+    )
+    runner = ModelRunner(config)
+    runner.execute([BatchEntry(list(range(3, 40)), 0, [0, 1, 2])])
+    runner.execute([BatchEntry([7], 37, [0, 1, 2])])
+    assert not fresh_cache.exists()  # nothing was built (or loaded)
+    assert not runner.uses_decode_kernel and runner.model.fused_decode is None
+    modules = list(runner.model.modules())
+    assert not any(isinstance(module, AmxLinear) for module in modules)
+    assert not any(getattr(module, "is_native", False) for module in modules)  # int4 layers
+    assert not any(getattr(module, "native_kernels", False) for module in modules)
 
 
 @needs_cpu

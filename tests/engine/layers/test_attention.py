@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.kv_cache import quantize_kv
-from inference.engine.layers import attention
 from inference.engine.layers.attention import build_attention_metadata, paged_attention
+from inference.engine.layers.attention import metadata as attention_metadata
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 32
@@ -153,7 +153,7 @@ SHARING_SEQUENCES = [
 @pytest.fixture
 def cascade_from_one_block(monkeypatch):
     """Cascade attention from one shared block on (the real threshold suits real models)."""
-    monkeypatch.setattr(attention, "CASCADE_MIN_SHARED_TOKENS", BLOCK_SIZE)
+    monkeypatch.setattr(attention_metadata, "CASCADE_MIN_SHARED_TOKENS", BLOCK_SIZE)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -184,7 +184,7 @@ def test_cascade_decode_attention_reads_an_int8_cache_like_the_plain_path(
         )
 
     cascade_metadata, cascade = run()
-    monkeypatch.setattr(attention, "CASCADE_MIN_SHARED_TOKENS", 10**9)
+    monkeypatch.setattr(attention_metadata, "CASCADE_MIN_SHARED_TOKENS", 10**9)
     plain_metadata, plain = run()
     assert cascade_metadata.decode_shared_gather_index is not None
     assert plain_metadata.decode_shared_gather_index is None
@@ -207,7 +207,7 @@ def test_decodes_without_full_shared_blocks_are_attended_in_one_part(
 
 
 def test_shared_prefixes_shorter_than_the_threshold_are_not_cascaded():
-    assert attention.CASCADE_MIN_SHARED_TOKENS > 2 * BLOCK_SIZE
+    assert attention_metadata.CASCADE_MIN_SHARED_TOKENS > 2 * BLOCK_SIZE
     metadata = build_attention_metadata(
         [1, 1], [12, 9], [[7, 2, 30, 6], [7, 2, 5]], block_size=BLOCK_SIZE, num_kv_heads=2
     )

@@ -1,0 +1,1 @@
+"""Tests of inference/engine/core/: sequences, blocks, scheduling, speculation, detokenizing."""

@@ -1,0 +1,1 @@
+"""Tests of inference/engine/kernels/: the build, and each kernel against its PyTorch path."""

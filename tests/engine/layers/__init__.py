@@ -1,0 +1,1 @@
+"""Tests of inference/engine/layers/: attention, linear variants, quantization."""

@@ -1,0 +1,1 @@
+"""Tests of inference/engine/models/: each architecture against transformers."""
