@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
+from typing import overload
 from urllib.parse import urlparse
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
@@ -29,6 +30,10 @@ class ConfigError(ValueError):
         self.problem = problem
 
 
+@overload
+def read_str(env: Mapping[str, str], name: str, default: str) -> str: ...
+@overload
+def read_str(env: Mapping[str, str], name: str, default: None = None) -> str | None: ...
 def read_str(env: Mapping[str, str], name: str, default: str | None = None) -> str | None:
     value = env.get(name)
     if value is None or value.strip() == "":

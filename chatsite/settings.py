@@ -12,6 +12,7 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
+from inference.engine_settings import engine_default
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -28,11 +29,24 @@ try:
     REDIS_URL = env.read_redis_url(os.environ, "REDIS_URL")
     CACHET_MODEL = env.read_model_source(os.environ, "CACHET_MODEL")
     CACHET_EMBEDDING_MODEL = env.read_model_source(os.environ, "CACHET_EMBEDDING_MODEL")
-    CACHET_KV_CACHE_MB = env.read_int(os.environ, "CACHET_KV_CACHE_MB", default=512, minimum=1)
     CACHET_METRICS_TOKEN = env.read_str(os.environ, "CACHET_METRICS_TOKEN")
+    # --- Engine (inference/engine_settings.py; the defaults are EngineConfig's) ---
+    # The KV budget when no model configuration is active (an active one sets its own).
+    CACHET_KV_CACHE_MB = env.read_int(
+        os.environ, "CACHET_KV_CACHE_MB", default=int(engine_default("kv_cache_mb")), minimum=1
+    )
     # 0: torch's default (one thread per core). 1 is often faster when the web server, the engine
     # and embedding share two cores (measured: see the README).
-    CACHET_TORCH_THREADS = env.read_int(os.environ, "CACHET_TORCH_THREADS", default=0, minimum=0)
+    CACHET_TORCH_THREADS = env.read_int(
+        os.environ, "CACHET_TORCH_THREADS", default=engine_default("num_threads"), minimum=0
+    )
+    CACHET_NATIVE_KERNELS = env.read_bool(
+        os.environ, "CACHET_NATIVE_KERNELS", default=engine_default("native_kernels")
+    )
+    CACHET_FUSED_DECODE = env.read_bool(
+        os.environ, "CACHET_FUSED_DECODE", default=engine_default("fused_decode")
+    )
+    # --- end Engine ---
     CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)
     # Served over HTTPS (usually behind a TLS-terminating proxy): secure cookies, HSTS, redirects.
     CACHET_HTTPS = env.read_bool(os.environ, "CACHET_HTTPS", default=False)
@@ -251,7 +265,8 @@ STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "static"
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+    # WhiteNoise's compressed manifest, with ES module imports rewritten to the hashed names.
+    "staticfiles": {"BACKEND": "chatsite.storage.HashedStaticFilesStorage"},
 }
 # NOTE: without `collectstatic` (tests, first start) fall back to unhashed names, not a 500.
 WHITENOISE_MANIFEST_STRICT = False

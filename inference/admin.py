@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
+from django.forms import ModelForm
 from django.http import HttpRequest
 
 from inference import runtime
@@ -41,7 +42,9 @@ class ModelConfigAdmin(admin.ModelAdmin):
                     "max_num_seqs",
                     "max_num_batched_tokens",
                     "enable_prefix_caching",
-                )
+                ),
+                "description": "EngineConfig's settings, by the same names "
+                "(inference/engine/config.py).",
             },
         ),
         (
@@ -56,7 +59,13 @@ class ModelConfigAdmin(admin.ModelAdmin):
                 "description": "What each option buys on this machine: docs/benchmarks.md.",
             },
         ),
-        ("Default sampling", {"fields": ("temperature", "top_p", "top_k", "max_tokens")}),
+        (
+            "Default sampling",
+            {
+                "fields": ("temperature", "top_p", "top_k", "max_tokens"),
+                "description": "App settings, not the engine's: the defaults of a chat's sampling.",
+            },
+        ),
         ("History", {"fields": ("created_at", "updated_at")}),
     )
 
@@ -64,7 +73,9 @@ class ModelConfigAdmin(admin.ModelAdmin):
     def source_display(self, config: ModelConfig) -> str:
         return config.source or "(default: CACHET_MODEL / bundled)"
 
-    def save_model(self, request: HttpRequest, obj: ModelConfig, form, change: bool) -> None:
+    def save_model(
+        self, request: HttpRequest, obj: ModelConfig, form: ModelForm[ModelConfig], change: bool
+    ) -> None:
         super().save_model(request, obj, form, change)
         if obj.is_active:
             # NOTE: editing the active configuration changes what the engine should run.

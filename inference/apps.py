@@ -12,5 +12,5 @@ class InferenceConfig(AppConfig):
             import torch
 
             # NOTE: torch threads are a per-thread setting: this covers the main thread; the
-            # engine thread applies EngineConfig.num_threads itself (inference/runtime.py).
+            # engine thread applies EngineConfig.num_threads itself (inference/engine_settings.py).
             torch.set_num_threads(settings.CACHET_TORCH_THREADS)

@@ -1,27 +1,56 @@
-"""Model configurations edited in the admin; exactly one is active and served by the engine."""
+"""Model configurations edited in the admin; exactly one is active and served by the engine.
+
+A configuration's engine fields are `EngineConfig`'s, under the same names, and default to its
+defaults, except the few in `APP_DEFAULT_OVERRIDES`; the others (`APP_FIELDS`) belong to the app.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ValidationError
+from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 
 from chatsite.env import ConfigError, read_model_source
-from inference.engine import (
-    DEFAULT_INT4_GROUP_SIZE,
-    MAX_SPECULATIVE_TOKENS,
-    SUPPORTED_MODEL_TYPES,
-    KVCacheSpec,
-    check_quantization,
-    parse_dtype,
-)
+from inference.engine import SUPPORTED_MODEL_TYPES, EngineConfig, KVCacheSpec, parse_dtype
+from inference.engine import ConfigError as EngineConfigError
+from inference.engine_settings import engine_default, process_engine_settings
 from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_chat_model
 
-DEFAULT_SPECULATIVE_TOKENS = 5  # the app's default; EngineConfig's stays 0 (off)
+# The fields that are not engine settings: which model to serve, the default sampling of chats,
+# which configuration is active, and the row's own bookkeeping. Every other field is passed to
+# EngineConfig under its own name (`ModelConfig.engine_config`).
+APP_FIELDS = frozenset(
+    {
+        *("id", "name", "source"),
+        *("temperature", "top_p", "top_k", "max_tokens"),
+        *("is_active", "created_at", "updated_at"),
+    }
+)
+
+# The app-level overrides: the engine fields whose default in the app is not EngineConfig's
+# (a library default, for one engine in a script), because the app serves many chats at once.
+APP_DEFAULT_OVERRIDES: dict[str, Any] = {
+    # A chat turn carries its history and the retrieved passages.
+    "max_model_len": 4096,
+    # Many users' requests decode in one batch.
+    "max_num_seqs": 32,
+    # NOTE: on by default because it pays (docs/benchmarks.md): 3.9x (AMD EPYC) to 4.75x (Xeon
+    # with AMX) on an answer that quotes its prompt, no loss on free text, and it steps aside
+    # when more than 4 requests decode. EngineConfig's default stays 0 (off).
+    "num_speculative_tokens": 5,
+}
+
+
+def default_for(name: str) -> Any:
+    """The default of the engine field `name`: the app's override, else EngineConfig's."""
+    if name in APP_DEFAULT_OVERRIDES:
+        return APP_DEFAULT_OVERRIDES[name]
+    return engine_default(name)
 
 
 class ModelConfig(models.Model):
@@ -49,51 +78,52 @@ class ModelConfig(models.Model):
         help_text="Hugging Face id, local model directory, or .gguf file. "
         "Empty: the CACHET_MODEL setting (by default the bundled SmolLM2-135M-Instruct).",
     )
-    dtype = models.CharField(max_length=16, choices=Dtype.choices, default=Dtype.AUTO)
+    # --- Engine settings: EngineConfig's fields, by name. NOTE: clean() checks them with
+    # EngineConfig's own checks; the validators here are only the admin's narrower limits.
+    dtype = models.CharField(max_length=16, choices=Dtype.choices, default=default_for("dtype"))
     max_model_len = models.PositiveIntegerField(
-        default=4096, validators=[MinValueValidator(64)], help_text="Prompt + answer tokens."
+        default=default_for("max_model_len"),
+        validators=[MinValueValidator(64)],
+        help_text="Prompt + answer tokens.",
     )
     kv_cache_mb = models.PositiveIntegerField(
-        default=512, validators=[MinValueValidator(1)], help_text="Memory for the paged KV cache."
+        default=int(default_for("kv_cache_mb")), help_text="Memory for the paged KV cache."
     )
     block_size = models.PositiveIntegerField(
-        default=16, validators=[MinValueValidator(1), MaxValueValidator(256)]
+        default=default_for("block_size"), validators=[MaxValueValidator(256)]
     )
     max_num_seqs = models.PositiveIntegerField(
-        default=32, validators=[MinValueValidator(1)], help_text="Requests decoded together."
+        default=default_for("max_num_seqs"), help_text="Requests decoded together."
     )
     max_num_batched_tokens = models.PositiveIntegerField(
-        default=512,
+        default=default_for("max_num_batched_tokens"),
         validators=[MinValueValidator(16)],
         help_text="Token budget of one engine step (decodes plus prefill chunks).",
     )
-    enable_prefix_caching = models.BooleanField(default=True)
+    enable_prefix_caching = models.BooleanField(default=default_for("enable_prefix_caching"))
     quantization = models.CharField(
         max_length=8,
         choices=Quantization.choices,
-        default=Quantization.NONE,
+        default=default_for("quantization"),
         help_text="Weight-only quantization applied after loading (see docs/benchmarks.md).",
     )
     quantization_group_size = models.PositiveIntegerField(
-        default=DEFAULT_INT4_GROUP_SIZE,
+        default=default_for("quantization_group_size"),
         validators=[MinValueValidator(16)],
         help_text="int4 only: weights per scale (a power of two that divides every layer).",
     )
     kv_cache_dtype = models.CharField(
         max_length=8,
         choices=KvCacheDtype.choices,
-        default=KvCacheDtype.AUTO,
+        default=default_for("kv_cache_dtype"),
         verbose_name="KV cache dtype",
     )
-    # NOTE: on by default because it pays (docs/benchmarks.md): 3.9x (AMD EPYC) to 4.75x (Xeon
-    # with AMX) on an answer that quotes its prompt, no loss on free text, and it steps aside
-    # when more than 4 requests decode.
     num_speculative_tokens = models.PositiveIntegerField(
-        default=DEFAULT_SPECULATIVE_TOKENS,
-        validators=[MaxValueValidator(MAX_SPECULATIVE_TOKENS)],
+        default=default_for("num_speculative_tokens"),
         help_text="Draft tokens per step from n-gram prompt lookup (0: off). It speeds up "
         "answers that quote the prompt or the documents; in float32 answers are unchanged.",
     )
+    # --- App fields (APP_FIELDS): the default sampling of chats and the active flag.
     temperature = models.FloatField(
         default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
     )
@@ -125,30 +155,52 @@ class ModelConfig(models.Model):
     def effective_source(self) -> str | None:
         return self.source.strip() or settings.CACHET_MODEL
 
+    @classmethod
+    def engine_field_names(cls) -> list[str]:
+        """The fields that are engine settings, named as in EngineConfig: all but APP_FIELDS."""
+        return [field.name for field in cls._meta.concrete_fields if field.name not in APP_FIELDS]
+
+    def engine_settings(self) -> dict[str, Any]:
+        """This configuration's engine settings, by their EngineConfig names."""
+        return {name: getattr(self, name) for name in self.engine_field_names()}
+
+    def engine_config(self, model_dir: Path) -> EngineConfig:
+        """The engine's settings for this configuration: the one place they are put together.
+
+        ConfigError (the engine's, naming the setting) for a value the engine refuses.
+        """
+        return EngineConfig(
+            model_dir=model_dir, **self.engine_settings(), **process_engine_settings()
+        )
+
     def clean(self) -> None:
         """Refuse a configuration the engine could not load, with the reason."""
-        errors: dict[str, str] = {}
-        if (
-            self.max_num_batched_tokens
-            and self.max_num_seqs
-            and (self.max_num_batched_tokens < self.max_num_seqs)
-        ):
-            errors["max_num_batched_tokens"] = (
-                "must be at least max_num_seqs, so every running request can decode each step"
-            )
-        if self.quantization and self.quantization_group_size:
-            try:
-                check_quantization(self.quantization, self.quantization_group_size)
-            except ValueError as error:
-                errors["quantization_group_size"] = str(error)
+        errors = self._engine_errors()
         try:
             model_dir = self._resolve_model_dir()
         except (ConfigError, ModelSourceError) as error:
             errors["source"] = str(getattr(error, "problem", error))
         else:
-            errors |= self._check_against_model(model_dir)
+            if not errors:  # the checks against the model's files take valid settings
+                errors |= self._check_against_model(model_dir)
         if errors:
             raise ValidationError(errors)
+
+    def _engine_errors(self) -> dict[str, str]:
+        """EngineConfig's own checks: their first error, under the field it names.
+
+        NOTE: EngineConfig checks every setting except the model directory, which the loader
+        checks (here `_resolve_model_dir`), so any directory stands in for it.
+        """
+        try:
+            self.engine_config(model_dir=Path("."))
+        except EngineConfigError as error:
+            message = str(error)
+            # EngineConfig's messages start with the setting they are about.
+            setting = message.split(" ", 1)[0]
+            field = setting if setting in self.engine_field_names() else NON_FIELD_ERRORS
+            return {field: message}
+        return {}
 
     def _resolve_model_dir(self) -> Path | None:
         """The model's directory, or None for a GGUF that activation will convert first."""
@@ -183,9 +235,10 @@ class ModelConfig(models.Model):
                 )
         return errors
 
-    def min_kv_cache_mb(self, config: dict) -> int:
+    def kv_cache_spec(self, config: dict[str, Any]) -> KVCacheSpec:
+        """The KV cache's block layout for the model of Hugging Face `config` (config.json)."""
         num_heads = config["num_attention_heads"]
-        spec = KVCacheSpec(
+        return KVCacheSpec(
             num_layers=config["num_hidden_layers"],
             num_kv_heads=config.get("num_key_value_heads") or num_heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // num_heads,
@@ -193,6 +246,9 @@ class ModelConfig(models.Model):
             dtype=parse_dtype(self.dtype),
             cache_dtype=self.kv_cache_dtype or "auto",
         )
+
+    def min_kv_cache_mb(self, config: dict[str, Any]) -> int:
+        spec = self.kv_cache_spec(config)
         num_blocks = -(-self.max_model_len // self.block_size)
         return -(-num_blocks * spec.bytes_per_block // (1024 * 1024))
 

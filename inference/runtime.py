@@ -51,24 +51,13 @@ _lock = threading.Lock()
 
 
 def engine_config_for(model_config: ModelConfig | None) -> EngineConfig:
-    """The engine settings for a configuration (None: the defaults from the environment)."""
+    """The engine settings for a configuration (None: the defaults, with CACHET_KV_CACHE_MB).
+
+    Also converts a GGUF source into the models cache the first time (`resolve_chat_model`).
+    """
     config = model_config or ModelConfig(name="default", kv_cache_mb=settings.CACHET_KV_CACHE_MB)
     resolved = resolve_chat_model(config.effective_source, settings.MODELS_DIR)
-    return EngineConfig(
-        model_dir=resolved.directory,
-        dtype=config.dtype,
-        max_model_len=config.max_model_len,
-        kv_cache_mb=config.kv_cache_mb,
-        block_size=config.block_size,
-        max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
-        enable_prefix_caching=config.enable_prefix_caching,
-        num_threads=settings.CACHET_TORCH_THREADS,
-        quantization=config.quantization,
-        quantization_group_size=config.quantization_group_size,
-        kv_cache_dtype=config.kv_cache_dtype,
-        num_speculative_tokens=config.num_speculative_tokens,
-    )
+    return config.engine_config(resolved.directory)
 
 
 def served_model_name(model_config: ModelConfig | None) -> str:
@@ -175,7 +164,7 @@ def get_engine() -> Engine:
     raise EngineUnavailable("the engine is not started in this process")
 
 
-def engine_status() -> dict:
+def engine_status() -> dict[str, str]:
     with _lock:
         return {
             "status": _state.status,

@@ -1,0 +1,1 @@
+"""Tests of chatsite/: settings from the environment, /healthz, the Celery app."""

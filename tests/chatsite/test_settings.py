@@ -80,6 +80,18 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_CACHE_ISOLATION": "tenant"},
             "CACHET_CACHE_ISOLATION: expected shared or user",
         ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_NATIVE_KERNELS": "maybe"},
+            "CACHET_NATIVE_KERNELS: expected one of 1/0, true/false, yes/no, on/off; got 'maybe'",
+        ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_FUSED_DECODE": "2"},
+            "CACHET_FUSED_DECODE: expected one of 1/0, true/false, yes/no, on/off; got '2'",
+        ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_KV_CACHE_MB": "0"},
+            "CACHET_KV_CACHE_MB: must be at least 1; got 0",
+        ),
     ],
 )
 def test_a_bad_value_stops_start_up_with_one_line_naming_the_variable(
@@ -90,6 +102,45 @@ def test_a_bad_value_stops_start_up_with_one_line_naming_the_variable(
     assert result.stderr.startswith("cachet: configuration error: Bad setting ")
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+ENGINE_PROBE = (
+    "import dataclasses, json, django; from django.conf import settings; django.setup(); "
+    "from inference.engine import EngineConfig; "
+    "print(json.dumps({'settings': [settings.CACHET_KV_CACHE_MB, settings.CACHET_TORCH_THREADS, "
+    "settings.CACHET_NATIVE_KERNELS, settings.CACHET_FUSED_DECODE], 'engine': "
+    "{f.name: f.default for f in dataclasses.fields(EngineConfig) if f.name in "
+    "('kv_cache_mb', 'num_threads', 'native_kernels', 'fused_decode')}}))"
+)
+
+
+def test_the_engine_settings_default_to_engine_configs_defaults(tmp_path: Path) -> None:
+    environment = {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_DATA_DIR": str(tmp_path)}
+    result = run_with(environment, "-c", ENGINE_PROBE)
+    assert result.returncode == 0, result.stderr
+    loaded = json.loads(result.stdout.strip().splitlines()[-1])
+    engine = loaded["engine"]
+    assert loaded["settings"] == [
+        engine["kv_cache_mb"],
+        engine["num_threads"],
+        engine["native_kernels"],
+        engine["fused_decode"],
+    ]
+    assert loaded["settings"] == [512, 0, True, True]
+
+
+def test_the_engine_flags_are_read_from_the_environment(tmp_path: Path) -> None:
+    environment = {
+        "CACHET_SECRET_KEY": GOOD_KEY,
+        "CACHET_DATA_DIR": str(tmp_path),
+        "CACHET_KV_CACHE_MB": "96",
+        "CACHET_TORCH_THREADS": "2",
+        "CACHET_NATIVE_KERNELS": "0",
+        "CACHET_FUSED_DECODE": "off",
+    }
+    result = run_with(environment, "-c", ENGINE_PROBE)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["settings"] == [96, 2, False, False]
 
 
 def test_torch_threads_are_set_process_wide_when_configured(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""Tests of inference/ outside the engine: model configuration, runtime, prompts, model files."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from django.contrib import admin
 from django.contrib.auth import get_user_model
 
 from inference import runtime
-from inference.models import ModelConfig
+from inference.models import APP_FIELDS, ModelConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -43,6 +44,19 @@ def staff_client(client):
 def no_engine_left_behind():
     yield
     runtime.stop_engine()
+
+
+def test_the_engine_sections_show_every_engine_setting_and_the_others_every_app_field() -> None:
+    sections = dict(admin.site._registry[ModelConfig].fieldsets)
+    engine_fields = [*sections["Engine"]["fields"], *sections["Speed"]["fields"]]
+    assert sorted(engine_fields) == sorted(ModelConfig.engine_field_names())
+    app_fields = {
+        field
+        for title, options in sections.items()
+        if title not in {"Engine", "Speed"}
+        for field in options["fields"]
+    }
+    assert app_fields == APP_FIELDS - {"id"}
 
 
 def test_non_staff_users_cannot_open_the_model_admin(client) -> None:

@@ -1,12 +1,20 @@
-"""inference.models.ModelConfig: validation refuses what the engine could not load."""
+"""inference.models.ModelConfig: EngineConfig's settings by name, refused when the engine would."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
 import pytest
+import torch
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
-from inference.models import ModelConfig
+from inference.engine import EngineConfig
+from inference.engine.config import DTYPE_NAMES
+from inference.engine.kv_cache import KV_CACHE_DTYPES
+from inference.engine.layers.quantization import QUANTIZATION_METHODS
+from inference.models import APP_DEFAULT_OVERRIDES, APP_FIELDS, ModelConfig
 
 pytestmark = pytest.mark.django_db
 
@@ -58,12 +66,16 @@ def test_an_int8_kv_cache_lowers_the_minimum_kv_budget(chat_model_dir) -> None:
 
 def test_an_int4_group_size_that_is_not_a_power_of_two_is_refused(chat_model_dir) -> None:
     errors = errors_of(ModelConfig(name="q", quantization="int4", quantization_group_size=48))
-    assert "group" in errors["quantization_group_size"][0]
+    assert errors == {  # EngineConfig's check, under the field it names
+        "quantization_group_size": [
+            "quantization_group_size 48 is not supported for int4; use one of [32, 64, 128, 256]"
+        ]
+    }
 
 
 def test_speculative_tokens_beyond_the_engine_limit_are_refused(chat_model_dir) -> None:
     errors = errors_of(ModelConfig(name="s", num_speculative_tokens=64))
-    assert errors["num_speculative_tokens"]
+    assert errors["num_speculative_tokens"] == ["num_speculative_tokens must be <= 16, got 64"]
 
 
 def test_the_speed_options_reach_the_engine_config(chat_model_dir) -> None:
@@ -84,7 +96,9 @@ def test_max_model_len_cannot_exceed_the_models_positions(chat_model_dir) -> Non
 
 def test_the_token_budget_must_cover_one_decode_per_running_request(chat_model_dir) -> None:
     errors = errors_of(ModelConfig(name="b", max_num_seqs=64, max_num_batched_tokens=32))
-    assert "at least max_num_seqs" in errors["max_num_batched_tokens"][0]
+    assert errors["max_num_batched_tokens"] == [
+        "max_num_batched_tokens (32) must be >= max_num_seqs (64)"
+    ]
 
 
 def test_only_one_configuration_is_active_and_activate_moves_the_flag(chat_model_dir) -> None:
@@ -96,3 +110,69 @@ def test_only_one_configuration_is_active_and_activate_moves_the_flag(chat_model
     assert ModelConfig.active() == second
     with pytest.raises(IntegrityError), transaction.atomic():
         ModelConfig.objects.filter(pk=first.pk).update(is_active=True)
+
+
+# ---- The mapping onto EngineConfig, by field name ----
+
+ENGINE_FIELD_DEFAULTS = {field.name: field.default for field in dataclasses.fields(EngineConfig)}
+# A value other than the default for every engine setting the admin edits.
+NON_DEFAULT_SETTINGS = {
+    "dtype": "float32",
+    "max_model_len": 1024,
+    "kv_cache_mb": 64,
+    "block_size": 32,
+    "max_num_seqs": 3,
+    "max_num_batched_tokens": 96,
+    "enable_prefix_caching": False,
+    "quantization": "int4",
+    "quantization_group_size": 64,
+    "kv_cache_dtype": "int8",
+    "num_speculative_tokens": 2,
+}
+
+
+def model_field_names() -> set[str]:
+    return {field.name for field in ModelConfig._meta.concrete_fields}
+
+
+def test_every_field_is_an_engine_setting_named_as_in_engine_config_or_an_app_field() -> None:
+    engine_fields = model_field_names() - APP_FIELDS
+    assert engine_fields <= set(ENGINE_FIELD_DEFAULTS), "not EngineConfig names nor APP_FIELDS"
+    assert not APP_FIELDS & set(ENGINE_FIELD_DEFAULTS)
+    assert model_field_names() >= APP_FIELDS
+
+
+def test_every_shared_setting_reaches_the_engine_config_by_name(tmp_path: Path) -> None:
+    shared = model_field_names() & set(ENGINE_FIELD_DEFAULTS)
+    assert set(NON_DEFAULT_SETTINGS) == shared, "give each shared setting a non-default value"
+    config = ModelConfig(name="all-set", **NON_DEFAULT_SETTINGS)
+    engine_config = config.engine_config(tmp_path)
+    for name, value in NON_DEFAULT_SETTINGS.items():
+        assert value != ModelConfig._meta.get_field(name).default, name
+        expected = torch.float32 if name == "dtype" else value
+        assert getattr(engine_config, name) == expected, name
+    assert engine_config.model_dir == tmp_path
+
+
+def test_the_process_wide_settings_reach_every_engine_config(settings, tmp_path: Path) -> None:
+    settings.CACHET_TORCH_THREADS = 1
+    settings.CACHET_NATIVE_KERNELS = False
+    settings.CACHET_FUSED_DECODE = False
+    engine_config = ModelConfig(name="p").engine_config(tmp_path)
+    assert (engine_config.native_kernels, engine_config.fused_decode) == (False, False)
+    assert engine_config.num_threads == 1
+
+
+def test_the_defaults_are_engine_configs_but_for_the_named_app_overrides() -> None:
+    for name in ModelConfig.engine_field_names():
+        expected = APP_DEFAULT_OVERRIDES.get(name, ENGINE_FIELD_DEFAULTS[name])
+        assert ModelConfig._meta.get_field(name).default == expected, name
+    for name, value in APP_DEFAULT_OVERRIDES.items():
+        assert value != ENGINE_FIELD_DEFAULTS[name], f"{name}: an override equal to the default"
+    assert ModelConfig().kv_cache_mb == ENGINE_FIELD_DEFAULTS["kv_cache_mb"] == 512
+
+
+def test_the_admin_offers_exactly_the_values_the_engine_accepts() -> None:
+    assert set(ModelConfig.Dtype.values) == {"auto", *DTYPE_NAMES}
+    assert set(ModelConfig.Quantization.values) == set(QUANTIZATION_METHODS)
+    assert set(ModelConfig.KvCacheDtype.values) == set(KV_CACHE_DTYPES)
