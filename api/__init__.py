@@ -1,0 +1,1 @@
+"""The /v1 REST API (django-ninja): OpenAI-compatible chat, completions, embeddings; documents."""

@@ -13,7 +13,7 @@ from ninja.files import UploadedFile
 
 from api.errors import ApiError
 from api.schemas import SearchRequest
-from chat.context import source_json
+from chat.prompt import source_json
 from retrieval.forms import UploadForm
 from retrieval.models import Collection, Document
 from retrieval.search import search

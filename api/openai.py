@@ -1,6 +1,6 @@
 """OpenAI-compatible endpoints: models, chat completions (with RAG), completions, embeddings.
 
-Chat completions run through `chat.turn.answer_turn`, the same retrieve → prompt → stream path as
+Chat completions run through `chat.answer.answer_turn`, the same retrieve → prompt → stream path as
 the browser chat, so API prompts get the cache-aware layout and `cached_tokens` in the usage.
 Streams are server-sent events ending with `data: [DONE]`; a client that goes away mid-stream
 aborts its engine request (Django cancels the response's iterator on disconnect).
@@ -28,10 +28,11 @@ from api.errors import ApiError
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
 from backends.replicas import remote_models
 from backends.routing import AUTO_MODEL
+from chat.answer import Answer, TurnControl, TurnInput, answer_turn
+from chat.delta_sources import cache_salt_for
 from chat.errors import ChatError
+from chat.events import TokenDelta
 from chat.models import AssistantProfile
-from chat.prompting import cache_salt_for
-from chat.turn import Answer, TokenDelta, TurnControl, TurnInput, answer_turn
 from inference import runtime
 from inference.engine import (
     Delta,

@@ -1,0 +1,1 @@
+"""Remote OpenAI-compatible inference backends (vLLM and the like): clients, health, routing."""

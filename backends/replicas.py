@@ -6,16 +6,25 @@ as often as one of weight 1); replicas marked down follow once CACHET_BACKEND_RE
 passed since they failed (the request itself is their re-check), and are skipped before that.
 `open_stream` tries them in that order until one accepts the request: a replica that cannot take
 it is marked down and the next one is tried, so a stopped server costs one failed connection.
+
+Most sites enable no backend at all, so "none is enabled" is remembered (`enabled_backends`):
+then routing a turn reads nothing from the database.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import random
+import threading
+import time
 from collections.abc import Sequence
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import transaction
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
 from django.utils import timezone
 
 from backends import metrics
@@ -25,6 +34,9 @@ from backends.models import InferenceBackend
 from inference.engine import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+# How long another process's "none is enabled" may stand after a backend is enabled here.
+NONE_ENABLED_TTL_S = 5.0
 
 
 class NoReplicaAvailable(RuntimeError):
@@ -61,10 +73,62 @@ def replicas_of(model: str) -> list[InferenceBackend]:
     return list(InferenceBackend.objects.filter(model=model, is_enabled=True))
 
 
+class _NoneEnabled:
+    """The remembered answer "no backend is enabled", and the saves that make it stale.
+
+    NOTE: only the empty answer is remembered; a list of enabled backends is read afresh every
+    time, so a backend disabled anywhere gets no further requests. A save or delete in this
+    process forgets it at once (and again when its transaction commits, so a read that ran before
+    the commit cannot bring it back). A backend enabled by another process (a second daphne, a
+    shell) is seen within NONE_ENABLED_TTL_S; until then turns stay on the in-process engine.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._until = -math.inf  # time.monotonic() until which the answer holds
+        self._generation = 0  # bumped by every forget(); a read older than it is not kept
+
+    def holds(self) -> bool:
+        return time.monotonic() < self._until
+
+    def generation(self) -> int:
+        return self._generation
+
+    def remember(self, read_at_generation: int) -> None:
+        with self._lock:
+            if read_at_generation == self._generation:
+                self._until = time.monotonic() + NONE_ENABLED_TTL_S
+
+    def forget(self) -> None:
+        with self._lock:
+            self._generation += 1
+            self._until = -math.inf
+
+
+_none_enabled = _NoneEnabled()
+
+
+def enabled_backends() -> list[InferenceBackend]:
+    """The enabled backends; [] without a query while none is known to be enabled."""
+    if _none_enabled.holds():
+        return []
+    generation = _none_enabled.generation()
+    backends = list(InferenceBackend.objects.filter(is_enabled=True))
+    if not backends:
+        _none_enabled.remember(generation)
+    return backends
+
+
+@receiver(post_save, sender=InferenceBackend, dispatch_uid="backends.replicas.saved")
+@receiver(post_delete, sender=InferenceBackend, dispatch_uid="backends.replicas.deleted")
+def _forget_none_enabled(**kwargs) -> None:
+    _none_enabled.forget()
+    transaction.on_commit(_none_enabled.forget, using=kwargs.get("using"))
+
+
 def remote_models() -> list[str]:
     """The models of the enabled backends, by name."""
-    names = InferenceBackend.objects.filter(is_enabled=True).values_list("model", flat=True)
-    return sorted(set(names))
+    return sorted({backend.model for backend in enabled_backends()})
 
 
 @database_sync_to_async

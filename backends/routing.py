@@ -15,6 +15,9 @@ The rules, first match wins:
 
 A route chosen by rules 3-5 falls back to the in-process engine when no replica of the remote
 model can take the request (recorded with the reason `fallback`).
+
+`choose_route` applies the rules to a `RoutingPolicy`; `routing_policy` makes the current one
+from the enabled backends and the settings.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from django.conf import settings
 from django.db import models
 
 from backends.models import InferenceBackend
+from backends.replicas import enabled_backends
 
 LOCAL_BACKEND = "local"  # the in-process engine, as messages and metrics name it
 AUTO_MODEL = "auto"
@@ -107,3 +112,16 @@ def complex_model_of(backends: Iterable[InferenceBackend]) -> str | None:
     if not weights:
         return None
     return min(weights, key=lambda model: (-weights[model], model))
+
+
+def routing_policy(local_model: str) -> RoutingPolicy:
+    """The policy now: the enabled backends' models (no query while none is enabled) and the
+    settings' thresholds; `local_model` is the in-process engine's model name."""
+    backends = enabled_backends()
+    return RoutingPolicy(
+        local_model=local_model,
+        remote_models=sorted({backend.model for backend in backends}),
+        complex_model=complex_model_of(backends),
+        long_prompt_chars=settings.CACHET_ROUTE_PROMPT_CHARS,
+        many_passages=settings.CACHET_ROUTE_PASSAGES,
+    )

@@ -15,17 +15,11 @@ import logging
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
 
+from chat.answer import TurnControl
 from chat.errors import ChatError
+from chat.events import SourcesFound, TokenDelta, TurnDone, TurnEvent, TurnStarted
 from chat.store import check_content
-from chat.turn import (
-    SourcesFound,
-    TokenDelta,
-    TurnControl,
-    TurnDone,
-    TurnRequest,
-    TurnStarted,
-    run_turn,
-)
+from chat.turn import TurnRequest, run_turn
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +175,7 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
                 "engine_error", "the answer failed on the server; try again", conversation_id
             )
 
-    async def _send_event(self, event) -> None:
+    async def _send_event(self, event: TurnEvent) -> None:
         if isinstance(event, TokenDelta):
             await self.send_json({"type": "token", "text": event.text})
         elif isinstance(event, SourcesFound):

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.db import transaction
 
 from backends.routing import LOCAL_BACKEND
+from chat.answer import Answer
 from chat.errors import ChatError
 from chat.models import AssistantProfile, Conversation, Message, title_from
 from inference.models import ModelConfig
@@ -154,8 +155,8 @@ def save_question_context(question: Message) -> None:
 
 
 @database_sync_to_async
-def save_answer(begun: BegunTurn, answer, *, seed: int | None) -> Message:
-    """Save `answer` (a chat.turn.Answer) as the reply to the turn's question."""
+def save_answer(begun: BegunTurn, answer: Answer, *, seed: int | None) -> Message:
+    """Save `answer` as the reply to the turn's question."""
     conversation = begun.conversation
     usage = answer.usage
     message = Message(

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from typing import Any
 
+from asgiref.typing import (
+    ASGIReceiveCallable,
+    ASGISendCallable,
+    ASGISendEvent,
+    WebSocketAcceptEvent,
+    WebSocketCloseEvent,
+)
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from redis.exceptions import RedisError
@@ -27,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 @database_sync_to_async
-def _document_state(document_id: int) -> dict | None:
+def _document_state(document_id: int) -> dict[str, Any] | None:
     row = Document.objects.filter(pk=document_id).values("status", "progress", "error").first()
     if row is None:
         return None
@@ -37,10 +45,13 @@ def _document_state(document_id: int) -> dict | None:
 class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
 
-    async def __call__(self, scope, receive, send) -> None:
+    async def __call__(
+        self, scope: Any, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        # NOTE: `scope: Any`: Channels' scope type is private to its stubs.
         sent: list[str] = []
 
-        async def recording_send(message: dict) -> None:
+        async def recording_send(message: ASGISendEvent) -> None:
             sent.append(message["type"])
             await send(message)
 
@@ -55,8 +66,12 @@ class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
                 return
             with contextlib.suppress(Exception):
                 if "websocket.accept" not in sent:
-                    await send({"type": "websocket.accept"})
-                await send({"type": "websocket.close", "code": CLOSE_UNAVAILABLE})
+                    await send(
+                        WebSocketAcceptEvent(type="websocket.accept", subprotocol=None, headers=[])
+                    )
+                await send(
+                    WebSocketCloseEvent(type="websocket.close", code=CLOSE_UNAVAILABLE, reason=None)
+                )
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -77,10 +92,10 @@ class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
         if self.group is not None:
             await self.channel_layer.group_discard(self.group, self.channel_name)
 
-    async def receive_json(self, content, **kwargs) -> None:
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
         """The socket is one-way; anything a client sends is ignored."""
 
-    async def document_progress(self, event: dict) -> None:
+    async def document_progress(self, event: dict[str, Any]) -> None:
         await self.send_json(
             {
                 "type": "document.progress",

@@ -1,0 +1,1 @@
+"""Tests of backends/: remote OpenAI-compatible backends, their health, replicas and routing."""

@@ -6,7 +6,6 @@ the remote (its /metrics counts the abort); an unreachable replica or a refused 
 "unavailable" (fail over), a request the remote refuses is a `RemoteRequestError`.
 """
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import asyncio
@@ -23,13 +22,8 @@ from backends.client import (
 )
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.outputs import Delta, Usage
-from tests.backend_fixtures import (
-    backend_for,
-    remote_cachet,  # noqa: F401
-    remote_metric,
-    unreachable_url,
-    wait_until,
-)
+from tests.polling import wait_until
+from tests.remote_cachet import backend_for, remote_metric, unreachable_url
 
 SYSTEM = "You are a terse assistant. " * 40  # long enough to fill several KV blocks
 GREEDY = SamplingParams(temperature=0, max_tokens=16, seed=0)

@@ -1,6 +1,5 @@
 """backends.health: the active check against a real remote Cachet, and the recorded state."""
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import pytest
@@ -8,7 +7,7 @@ from django.core.management import CommandError, call_command
 
 from backends.health import HealthResult, check_and_record, check_health, record_health
 from backends.models import InferenceBackend
-from tests.backend_fixtures import backend_for, remote_cachet, unreachable_url  # noqa: F401
+from tests.remote_cachet import backend_for, unreachable_url
 
 
 def test_a_serving_endpoint_is_up_and_names_the_model(remote_cachet) -> None:

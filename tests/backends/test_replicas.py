@@ -5,23 +5,31 @@ listens (a killed server, as far as a client can tell; tests/chat/test_turn_rout
 real one).
 """
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import random
+import time
 from collections import Counter
 from datetime import timedelta
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from backends import metrics
+from backends import metrics, replicas
 from backends.client import RemoteStream
 from backends.models import InferenceBackend
-from backends.replicas import NoReplicaAvailable, open_stream, order_replicas, weighted_order
+from backends.replicas import (
+    NoReplicaAvailable,
+    enabled_backends,
+    open_stream,
+    order_replicas,
+    weighted_order,
+)
 from inference.engine.core.sampling_params import SamplingParams
-from tests.backend_fixtures import backend_for, remote_cachet, unreachable_url  # noqa: F401
+from tests.remote_cachet import backend_for, unreachable_url
 
 GREEDY = SamplingParams(temperature=0, max_tokens=4, seed=0)
 MESSAGES = [{"role": "user", "content": "Say yes."}]
@@ -90,3 +98,67 @@ async def test_when_no_replica_can_take_a_request_the_error_names_each_failure(
     assert "HTTP 401" in str(failed.value)
     with pytest.raises(NoReplicaAvailable, match="resting"):  # both rest now
         await open_stream(remote_cachet.model, MESSAGES, GREEDY, "r4")
+
+
+def backend_queries(queries: CaptureQueriesContext) -> list[str]:
+    return [query["sql"] for query in queries if "backends_inferencebackend" in query["sql"]]
+
+
+@pytest.mark.django_db
+def test_while_no_backend_is_enabled_the_table_is_read_once_not_at_every_turn() -> None:
+    InferenceBackend.objects.create(name="off", model="m", is_enabled=False)
+    with CaptureQueriesContext(connection) as first:
+        assert enabled_backends() == []
+    with CaptureQueriesContext(connection) as later:
+        assert enabled_backends() == [] and enabled_backends() == []
+    assert len(backend_queries(first)) == 1 and backend_queries(later) == []
+
+
+@pytest.mark.django_db
+def test_saving_or_deleting_a_backend_here_is_seen_by_the_very_next_read() -> None:
+    assert enabled_backends() == []
+    backend = InferenceBackend.objects.create(name="gpu-1", model="m")
+    assert enabled_backends() == [backend]
+    backend.is_enabled = False
+    backend.save()
+    assert enabled_backends() == []
+    backend.is_enabled = True
+    backend.save()
+    assert enabled_backends() == [backend]
+    backend.delete()
+    assert enabled_backends() == []
+
+
+@pytest.mark.django_db
+def test_enabled_backends_are_read_every_time_so_one_disabled_elsewhere_is_never_tried() -> None:
+    backend = InferenceBackend.objects.create(name="gpu-1", model="m")
+    assert enabled_backends() == [backend]
+    # NOTE: update() sends no signal: this is how another process's change looks from here.
+    InferenceBackend.objects.filter(pk=backend.pk).update(is_enabled=False)
+    assert enabled_backends() == []
+
+
+class FakeClock:
+    """Stands in for the `time` module of backends.replicas."""
+
+    def __init__(self) -> None:
+        # NOTE: an hour in the past, so what the test leaves remembered has expired for the next.
+        self.now = float(int(time.monotonic()) - 3600)  # whole seconds: exact sums
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+@pytest.mark.django_db
+def test_a_backend_enabled_by_another_process_is_seen_once_the_remembered_answer_expires(
+    monkeypatch,
+) -> None:
+    clock = FakeClock()
+    monkeypatch.setattr(replicas, "time", clock)
+    backend = InferenceBackend.objects.create(name="gpu-1", model="m", is_enabled=False)
+    assert enabled_backends() == []
+    InferenceBackend.objects.filter(pk=backend.pk).update(is_enabled=True)  # no signal here
+    clock.now += replicas.NONE_ENABLED_TTL_S - 1
+    assert enabled_backends() == []
+    clock.now += 1
+    assert enabled_backends() == [backend]

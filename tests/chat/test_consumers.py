@@ -1,6 +1,5 @@
 """chat.consumers: the chat WebSocket protocol over the production stack and the real model."""
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import asyncio
@@ -12,18 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chat.consumers import CLOSE_UNAUTHENTICATED
+from chat.delta_sources import prompt_builder_for
 from chat.models import Conversation, Message
-from chat.prompting import prompt_builder_for, sampling_params_for
+from chat.turn import sampling_params_for
 from inference.models import ModelConfig
-from tests.chat_fixtures import (  # noqa: F401
-    alice,
-    bob,
-    handbook,
-    quick_profile,
-    retriever,
-    served_engine,
-    wait_for_idle_kv,
-)
+from tests.idle_kv import wait_for_idle_kv
 from tests.websocket_helpers import communicator
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -1,41 +1,29 @@
 """chat.turn: retrieve, build the cache-aware prompt, stream from the real engine, save."""
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import asyncio
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
+from backends.replicas import enabled_backends
+from chat.answer import TurnControl
+from chat.delta_sources import prompt_builder_for
 from chat.errors import ChatError
+from chat.events import SourcesFound, TokenDelta, TurnDone, TurnStarted
 from chat.models import AssistantProfile, Conversation, Message
-from chat.prompting import prompt_builder_for, sampling_params_for
-from chat.turn import (
-    SourcesFound,
-    TokenDelta,
-    TurnControl,
-    TurnDone,
-    TurnRequest,
-    TurnStarted,
-    run_turn,
-)
+from chat.turn import TurnRequest, run_turn, sampling_params_for
 from inference import runtime
 from inference.models import ModelConfig
 from inference.prompts import Turn
 from retrieval.ingest import ingest
 from retrieval.models import Collection
-from tests.chat_fixtures import (  # noqa: F401
-    alice,
-    bob,
-    handbook,
-    quick_profile,
-    retriever,
-    served_engine,
-    wait_for_idle_kv,
-)
+from tests.documents import add_document
+from tests.idle_kv import wait_for_idle_kv
 from tests.malicious_files import INJECTION
-from tests.retrieval_fixtures import add_document
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -342,3 +330,16 @@ async def test_a_collection_the_user_may_no_longer_read_is_not_searched_in_later
         TurnRequest(user=alice, content=QUESTION, conversation_id=conversation_id, seed=1)
     )
     assert second[1].sources == []
+
+
+def test_with_no_remote_backend_enabled_a_turn_never_queries_the_backends_table(
+    served_engine, quick_profile, alice
+) -> None:
+    assert enabled_backends() == []  # the first read in a process goes to the table
+    # NOTE: a sync test, so the turn's database work runs on this thread, on the captured
+    # connection (async_to_sync sends thread-sensitive calls back here).
+    with CaptureQueriesContext(connection) as queries:
+        events = async_to_sync(collect)(TurnRequest(user=alice, content="Say hello.", seed=1))
+    assert isinstance(events[-1], TurnDone) and events[-1].message.route == "no_remote"
+    assert [q["sql"] for q in queries if "backends_inferencebackend" in q["sql"]] == []
+    assert any("chat_message" in q["sql"] for q in queries)  # the capture saw the turn's saves

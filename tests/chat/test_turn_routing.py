@@ -1,5 +1,5 @@
 """chat.turn with a remote backend, end to end: this process's engine is the local model, a second
-Cachet server process (tests/backend_fixtures.py) the remote one.
+Cachet server process (tests/remote_cachet.py) the remote one.
 
 The router sends a long turn to the remote model and a short one to the local engine, and the
 answer records who answered (message stats, /metrics); an explicit model choice wins; stopping a
@@ -8,7 +8,6 @@ the remote model; when the remote server is killed, automatic turns fall back to
 engine while explicit ones get `backend_unavailable`, and it is used again once it is back.
 """
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import asyncio
@@ -20,16 +19,13 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.test import AsyncClient, Client
 
+from chat.answer import TurnControl
 from chat.errors import ChatError
+from chat.events import TokenDelta, TurnDone, TurnStarted
 from chat.models import Message
-from chat.turn import TokenDelta, TurnControl, TurnDone, TurnRequest, TurnStarted, run_turn
-from tests.backend_fixtures import (
-    backend_for,
-    remote_cachet,  # noqa: F401
-    remote_metric,
-    wait_until,
-)
-from tests.chat_fixtures import alice, quick_profile, served_engine  # noqa: F401
+from chat.turn import TurnRequest, run_turn
+from tests.polling import wait_until
+from tests.remote_cachet import backend_for, remote_metric
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 

@@ -1,6 +1,5 @@
 """chat.views: the UI's JSON endpoints: own conversations only, rename, delete, options, upload."""
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import json
@@ -13,7 +12,6 @@ from django.test import Client
 from chat.models import AssistantProfile, Conversation, Message
 from retrieval.models import Collection, Document
 from tests import malicious_files as bad
-from tests.retrieval_fixtures import retriever  # noqa: F401
 
 pytestmark = pytest.mark.django_db
 

@@ -1,9 +1,9 @@
-"""chat.prompting: sampling settings from the profile, falling back to the model configuration."""
+"""chat.turn.sampling_params_for: the profile's sampling settings, else the model config's."""
 
 from __future__ import annotations
 
 from chat.models import AssistantProfile
-from chat.prompting import sampling_params_for
+from chat.turn import sampling_params_for
 from inference.models import ModelConfig
 
 

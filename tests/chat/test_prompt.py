@@ -1,10 +1,10 @@
-"""chat.context: the newest user turn (passages, today's facts, question) and its sources."""
+"""chat.prompt: the newest user turn (passages, today's facts, question) and its sources."""
 
 from __future__ import annotations
 
 import datetime
 
-from chat.context import source_json, user_turn_text
+from chat.prompt import source_json, user_turn_text
 from retrieval.search import SearchHit
 
 
