@@ -64,13 +64,17 @@ test-integration:
 	HF_HUB_OFFLINE=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 		$(PY) -m pytest -m integration
 
+# Style, formatting, types (strict on inference/engine/ and retrieval/: pyproject's [tool.mypy]),
+# and no import cycles among the project's modules, those hidden inside functions included.
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+	$(PY) -m harness.import_cycles
 
 format: install
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis

@@ -1,1 +1,1 @@
-"""The retrieval app: documents, chunks, the vector index and search."""
+"""The retrieval app: documents, their extraction and chunking, embeddings, the indexes, search."""

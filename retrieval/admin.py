@@ -3,23 +3,38 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypedDict
 
+import django_stubs_ext
 from django.contrib import admin, messages
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
 from retrieval.forms import SearchPreviewForm, UploadForm
 from retrieval.models import Chunk, Collection, Document
 from retrieval.tasks import add_upload, enqueue_ingest, was_not_queued
 
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
+
+# NOTE: lets the admin classes below name their model (`ModelAdmin[Document]`), as django-stubs
+# types them; Django's own classes are not subscriptable. Idempotent.
+django_stubs_ext.monkeypatch()
+
+
+class _DocumentCount(TypedDict):
+    document_count: int
+
 
 @admin.register(Collection)
-class CollectionAdmin(admin.ModelAdmin):
+class CollectionAdmin(admin.ModelAdmin[Collection]):
     list_display = ("name", "description", "num_documents", "created_at")
     search_fields = ("name", "description")
     filter_horizontal = ("readers", "reader_groups")
@@ -28,11 +43,11 @@ class CollectionAdmin(admin.ModelAdmin):
         return super().get_queryset(request).annotate(document_count=Count("documents"))
 
     @admin.display(description="documents", ordering="document_count")
-    def num_documents(self, collection: Collection) -> int:
+    def num_documents(self, collection: WithAnnotations[Collection, _DocumentCount]) -> int:
         return collection.document_count
 
 
-class ChunkInline(admin.TabularInline):
+class ChunkInline(admin.TabularInline[Chunk, Document]):
     model = Chunk
     fields = ("ordinal", "page", "heading_path", "token_count", "char_start", "char_end", "text")
     readonly_fields = fields
@@ -40,12 +55,12 @@ class ChunkInline(admin.TabularInline):
     can_delete = False
     show_change_link = False
 
-    def has_add_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Document | None = None) -> bool:
         return False
 
 
 @admin.register(Document)
-class DocumentAdmin(admin.ModelAdmin):
+class DocumentAdmin(admin.ModelAdmin[Document]):
     change_list_template = "admin/retrieval/document/change_list.html"
     list_display = (
         "title", "collection", "status", "progress_bar", "size_display", "mime_type", "updated_at"
@@ -59,7 +74,7 @@ class DocumentAdmin(admin.ModelAdmin):
     actions = ("reingest_selected",)
     inlines = (ChunkInline,)
 
-    def get_urls(self):
+    def get_urls(self) -> list[URLPattern]:
         view = self.admin_site.admin_view
         return [
             path("upload/", view(self.upload_view), name="retrieval_document_upload"),
@@ -82,10 +97,10 @@ class DocumentAdmin(admin.ModelAdmin):
     def size_display(self, document: Document) -> str:
         return f"{document.size_bytes / 1024:.1f} KB"
 
-    def save_model(self, request, obj: Document, form, change: bool) -> None:
+    def save_model(self, request: HttpRequest, obj: Document, form: Any, change: bool) -> None:
         if not change:
-            obj.created_by = request.user
-            obj.title = obj.title or Path(obj.file.name).name
+            obj.created_by = _admin_user(request)
+            obj.title = obj.title or Path(obj.file.name or "").name
         super().save_model(request, obj, form, change)
         if not change or "file" in form.changed_data:
             enqueue_ingest(obj)
@@ -107,7 +122,7 @@ class DocumentAdmin(admin.ModelAdmin):
             collection = form.cleaned_data["collection"]
             with transaction.atomic():
                 documents = [
-                    add_upload(collection, upload, request.user)
+                    add_upload(collection, upload, _admin_user(request))
                     for upload in form.cleaned_data["files"]
                 ]
             count = len(form.cleaned_data["files"])
@@ -155,6 +170,13 @@ class DocumentAdmin(admin.ModelAdmin):
             return JsonResponse({"error": "ids must be comma-separated integers"}, status=400)
         rows = Document.objects.filter(pk__in=ids).values("id", "status", "progress", "error")
         return JsonResponse({"documents": list(rows)})
+
+
+def _admin_user(request: HttpRequest) -> User:
+    """The signed-in staff user; `admin_view` lets no one else reach the views above."""
+    if not isinstance(request.user, User) or not request.user.is_staff:
+        raise PermissionDenied
+    return request.user
 
 
 def _report_unqueued(request: HttpRequest, documents: list[Document]) -> None:

@@ -1,3 +1,9 @@
+"""The retrieval app's configuration: signal receivers, and the Celery worker's start-up check."""
+
+from __future__ import annotations
+
+from typing import Any
+
 from django.apps import AppConfig
 
 
@@ -16,7 +22,7 @@ class RetrievalConfig(AppConfig):
         worker_ready.connect(_repair_on_worker_start, weak=False)
 
 
-def _repair_on_worker_start(**kwargs) -> None:
+def _repair_on_worker_start(**kwargs: Any) -> None:
     from retrieval.recovery import recover_interrupted_ingestions
     from retrieval.search import get_retriever
 

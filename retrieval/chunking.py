@@ -9,9 +9,9 @@ boundaries. Consecutive chunks of one section share up to `overlap_tokens` of tr
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from retrieval.extract import Section
 
@@ -21,7 +21,7 @@ SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
 
 
 class Tokenizer(Protocol):
-    def __call__(self, text: list[str], **kwargs) -> dict: ...
+    def __call__(self, text: list[str], **kwargs: Any) -> Mapping[str, Any]: ...
 
 
 @dataclass(slots=True)

@@ -5,8 +5,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
-from retrieval.index import UnreadableIndexError
+from django.db.models import QuerySet
+
+from retrieval.embeddings import Embedder
+from retrieval.index import UnreadableIndexError, VectorIndex
 from retrieval.models import Chunk, Document
 
 logger = logging.getLogger(__name__)
@@ -21,11 +25,21 @@ class RepairReport:
     rebuilt: bool = False
 
 
-def _ready_chunks():
+class IndexedRetriever(Protocol):
+    """What repair needs of a `retrieval.search.Retriever`: its vector index and its embedder.
+
+    NOTE: a protocol, not the class: search.py builds its retriever by repairing it here.
+    """
+
+    embedder: Embedder
+    vectors: VectorIndex
+
+
+def _ready_chunks() -> QuerySet[Chunk]:
     return Chunk.objects.filter(document__status=Document.Status.READY)
 
 
-def _embed_and_add(retriever, chunk_ids: list[int]) -> None:
+def _embed_and_add(retriever: IndexedRetriever, chunk_ids: list[int]) -> None:
     for start in range(0, len(chunk_ids), EMBED_BATCH):
         batch = chunk_ids[start : start + EMBED_BATCH]
         rows = dict(_ready_chunks().filter(id__in=batch).values_list("id", "text"))
@@ -33,7 +47,7 @@ def _embed_and_add(retriever, chunk_ids: list[int]) -> None:
         retriever.vectors.replace([], ids, retriever.embedder.encode([rows[i] for i in ids]))
 
 
-def repair_index(retriever) -> RepairReport:
+def repair_index(retriever: IndexedRetriever) -> RepairReport:
     """Remove vectors without a ready chunk, embed ready chunks without a vector.
 
     An index file that cannot be read (corrupt, truncated, another model's dimension) or whose
@@ -66,7 +80,7 @@ def repair_index(retriever) -> RepairReport:
     return RepairReport(removed=len(extra), added=len(missing))
 
 
-def rebuild_index(retriever) -> int:
+def rebuild_index(retriever: IndexedRetriever) -> int:
     """Re-embed every ready chunk into a fresh index; returns the number of vectors."""
     import numpy as np
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import logging
 import threading
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from inference.torch_threads import run_torch_work
+
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger(__name__)
 _lock = threading.Lock()
@@ -28,9 +32,11 @@ class Embedder:
         if bf16:
             self.model = self.model.to(torch.bfloat16)
         self.batch_size = batch_size
-        self.dimension = int(self.model.get_embedding_dimension())
+        dimension = self.model.get_embedding_dimension()
+        if dimension is None:
+            raise ValueError(f"the embedding model in {directory} does not say its dimension")
+        self.dimension = int(dimension)
         self.tokenizer = self.model.tokenizer
-        self.max_seq_length = int(self.model.max_seq_length)
         logger.info("embedding model %s loaded (dim %d)", directory, self.dimension)
 
     def encode(self, texts: list[str]) -> np.ndarray:
@@ -38,7 +44,7 @@ class Embedder:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
 
-        def embed():
+        def embed() -> torch.Tensor:
             return self.model.encode(
                 texts,
                 batch_size=self.batch_size,
@@ -52,7 +58,8 @@ class Embedder:
             # NOTE: queries single-threaded, batches on a short-lived thread: either way no
             # lasting OpenMP team competes with the engine's (see inference/torch_threads.py).
             vectors = run_torch_work(embed, len(texts))
-        return vectors.float().cpu().numpy().astype(np.float32, copy=False)
+        unit_vectors: np.ndarray = vectors.float().cpu().numpy().astype(np.float32, copy=False)
+        return unit_vectors
 
 
 @lru_cache(maxsize=4)

@@ -13,6 +13,7 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from django.core.files.base import ContentFile
@@ -26,7 +27,9 @@ from retrieval.search import MODES, Retriever
 logger = logging.getLogger(__name__)
 
 
-def load_beir(directory: Path) -> tuple[list[dict], dict[str, str], dict[str, set[str]]]:
+def load_beir(
+    directory: Path,
+) -> tuple[list[dict[str, Any]], dict[str, str], dict[str, set[str]]]:
     directory = Path(directory)
     for name in ("corpus.jsonl", "queries.jsonl", "qrels/test.tsv"):
         if not (directory / name).is_file():
@@ -70,7 +73,7 @@ def evaluate(
     reranker: Reranker | None = None,
     modes: tuple[str, ...] = MODES,
     candidates: int = 50,
-) -> dict:
+) -> dict[str, Any]:
     corpus, queries, qrels = load_beir(directory)
     query_ids = [q for q in queries if q in qrels][:max_queries]
     embedder = get_embedder()
@@ -86,7 +89,7 @@ def evaluate(
         )
         try:
             chunks_per_s = _ingest_corpus(retriever, collection, corpus)
-            result: dict = {}
+            result: dict[str, Any] = {}
             for mode in modes:
                 result[mode] = _run_mode(retriever, collection, mode, query_ids, queries, qrels)
             result["ingest_chunks_per_s"] = round(chunks_per_s, 1)
@@ -102,7 +105,9 @@ def evaluate(
             collection.delete()
 
 
-def _ingest_corpus(retriever: Retriever, collection: Collection, corpus: list[dict]) -> float:
+def _ingest_corpus(
+    retriever: Retriever, collection: Collection, corpus: list[dict[str, Any]]
+) -> float:
     documents = [
         Document.objects.create(
             collection=collection,
@@ -126,9 +131,16 @@ def _ingest_corpus(retriever: Retriever, collection: Collection, corpus: list[di
     return len(all_ids) / elapsed
 
 
-def _run_mode(retriever, collection, mode, query_ids, queries, qrels) -> dict:
+def _run_mode(
+    retriever: Retriever,
+    collection: Collection,
+    mode: str,
+    query_ids: list[str],
+    queries: dict[str, str],
+    qrels: dict[str, set[str]],
+) -> dict[str, float]:
     totals: dict[str, float] = {}
-    latencies = []
+    latencies: list[float] = []
     for query_id in query_ids:
         started = time.perf_counter()
         hits = retriever.search(

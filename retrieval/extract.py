@@ -22,6 +22,10 @@ import zipfile
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from docx.document import Document as DocxDocumentType
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +76,7 @@ class Deadline:
         self.timeout_s = timeout_s
         self.at = time.monotonic() + timeout_s
 
-    def check(self, *_) -> None:
+    def check(self, *_: object) -> None:
         """Raises once the time is up; also a pypdf operator visitor, hence the ignored args."""
         if time.monotonic() > self.at:
             raise ExtractionError(
@@ -211,7 +215,7 @@ class _HtmlTarget:
         self.found_block = False
         self.all_text: list[str] = []  # for a page without any block element
 
-    def start(self, tag, attrib) -> None:
+    def start(self, tag: object, attrib: object) -> None:
         self.depth += 1
         tag = tag.lower() if isinstance(tag, str) else ""
         if self.skipped_at is not None:
@@ -226,7 +230,7 @@ class _HtmlTarget:
         else:
             self._boundary()
 
-    def end(self, tag) -> None:
+    def end(self, tag: object) -> None:
         if self.skipped_at == self.depth:
             self.skipped_at = None
         elif self.block is not None and self.block[1] == self.depth:
@@ -259,6 +263,8 @@ class _HtmlTarget:
         return self.builder.finish()
 
     def _end_block(self) -> None:
+        if self.block is None:
+            return
         tag = self.block[0]
         text = " ".join("".join(self.block_parts).split())
         self.block, self.block_parts = None, []
@@ -284,7 +290,8 @@ def _html_sections(data: bytes, deadline: Deadline) -> list[Section]:
         for start in range(0, len(source), HTML_FEED_BYTES):
             parser.feed(source[start : start + HTML_FEED_BYTES])
             deadline.check()
-        return parser.close()
+        sections: list[Section] = parser.close()
+        return sections
     except etree.LxmlError as error:
         raise ExtractionError(f"The HTML file is unreadable ({error}).") from None
 
@@ -304,9 +311,9 @@ def _pdf_sections(data: bytes, limits: Limits, deadline: Deadline) -> list[Secti
         if reader.is_encrypted:
             # NOTE: many "encrypted" PDFs only restrict printing and open with the empty password.
             try:
-                opened = reader.decrypt("")
+                opened = bool(reader.decrypt(""))
             except Exception:
-                opened = 0
+                opened = False
             if not opened:
                 raise ExtractionError("The PDF is encrypted with a password; upload it unlocked.")
         num_pages = len(reader.pages)
@@ -380,7 +387,7 @@ def _docx_sections(data: bytes, limits: Limits, deadline: Deadline) -> list[Sect
         raise ExtractionError(f"The Word file is corrupt or not a .docx file ({error}).") from None
 
 
-def _docx_document_sections(document, deadline: Deadline) -> list[Section]:
+def _docx_document_sections(document: DocxDocumentType, deadline: Deadline) -> list[Section]:
     builder = SectionBuilder()
     style_names: dict[str | None, str] = {}
     for paragraph in document.paragraphs:
@@ -394,10 +401,10 @@ def _docx_document_sections(document, deadline: Deadline) -> list[Section]:
         if style_id not in style_names:
             style = paragraph.style
             style_names[style_id] = (style.name if style is not None else "") or ""
-        style = style_names[style_id]
-        if style.startswith("Heading") and style[7:].strip().isdigit():
-            builder.add_heading(int(style[7:].strip()), text)
-        elif style == "Title":
+        style_name = style_names[style_id]
+        if style_name.startswith("Heading") and style_name[7:].strip().isdigit():
+            builder.add_heading(int(style_name[7:].strip()), text)
+        elif style_name == "Title":
             builder.add_heading(0, text)  # level 0: replaces every heading, as before
         else:
             builder.add_text(text)

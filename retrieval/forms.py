@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django import forms
 from django.conf import settings
+from django.core.files.uploadedfile import UploadedFile
 
 from retrieval.extract import SUPPORTED_SUFFIXES
 from retrieval.models import Collection
@@ -16,13 +18,13 @@ class MultipleFileInput(forms.ClearableFileInput):
 
 
 class MultipleFileField(forms.FileField):
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs.setdefault(
             "widget", MultipleFileInput(attrs={"accept": ",".join(SUPPORTED_SUFFIXES)})
         )
         super().__init__(*args, **kwargs)
 
-    def clean(self, data, initial=None):
+    def clean(self, data: Any, initial: Any = None) -> list[UploadedFile[bytes]]:
         files = data if isinstance(data, list | tuple) else [data]
         cleaned = [super(MultipleFileField, self).clean(item, initial) for item in files]
         limit = settings.CACHET_MAX_UPLOAD_MB * 1024 * 1024
@@ -43,7 +45,9 @@ class MultipleFileField(forms.FileField):
 
 class UploadForm(forms.Form):
     collection = forms.ModelChoiceField(queryset=Collection.objects.all())
-    files = MultipleFileField()
+    # NOTE: Django's form metaclass moves declared fields into `base_fields`, so this field never
+    # shadows `BaseForm.files` (the request's files), as the type checker reads it.
+    files = MultipleFileField()  # type: ignore[assignment]
 
 
 class SearchPreviewForm(forms.Form):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,9 +18,10 @@ from django.db import transaction
 
 from retrieval.chunking import ChunkDraft, chunk_sections
 from retrieval.extract import ExtractionError, extract, mime_type_for
+from retrieval.ingestion_lock import ingestion_lock
 from retrieval.models import Chunk, Document
 from retrieval.progress import report
-from retrieval.search import Retriever
+from retrieval.search import Retriever, get_retriever
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ def max_upload_bytes() -> int:
 
 def prepare(document: Document, retriever: Retriever) -> Prepared:
     """Read, check, extract and chunk; raises ExtractionError with a readable reason."""
-    if not document.file:
+    name = document.file.name
+    if not name:
         raise ExtractionError("The document has no file.")
     try:
         with document.file.open("rb") as handle:
@@ -52,13 +54,13 @@ def prepare(document: Document, retriever: Retriever) -> Prepared:
         )
     document.size_bytes = len(data)
     document.content_hash = hashlib.sha256(data).hexdigest()
-    document.mime_type = mime_type_for(document.file.name)
+    document.mime_type = mime_type_for(name)
     Document.objects.filter(pk=document.pk).update(
         size_bytes=document.size_bytes,
         content_hash=document.content_hash,
         mime_type=document.mime_type,
     )
-    sections = extract(data, document.file.name)
+    sections = extract(data, name)
     drafts = chunk_sections(
         sections,
         retriever.embedder.tokenizer,
@@ -92,7 +94,11 @@ def store(prepared: Prepared) -> tuple[list[int], list[int]]:
     return old_ids, new_ids
 
 
-def embed(retriever: Retriever, texts: Sequence[str], on_batch=None) -> np.ndarray:
+def embed(
+    retriever: Retriever,
+    texts: Sequence[str],
+    on_batch: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
     batch = max(1, retriever.embedder.batch_size)
     parts = []
     for start in range(0, len(texts), batch):
@@ -110,8 +116,6 @@ def fail(document: Document, reason: str) -> None:
     Chunk.objects.filter(document=document).delete()
     report(document, Status.FAILED, 0, reason)
     if old_ids:
-        from retrieval.search import get_retriever
-
         get_retriever().vectors.remove(old_ids)
 
 
@@ -120,13 +124,11 @@ def ingest(
 ) -> Document | None:
     """Ingest one document; expected failures end as `failed` with a reason, not an exception.
 
-    Runs under the document's ingestion lock (`retrieval.recovery`): a second run of the same
+    Runs under the document's ingestion lock (`retrieval.ingestion_lock`): a second run of the same
     document waits for the first. `skip_if_ingested` (the Celery task): a document already
     `ready` from the same file is left as it is. Every request to ingest sets `queued` first, so
     finding it `ready` means another run did the work: a message delivered again after a crash.
     """
-    from retrieval.recovery import ingestion_lock
-
     with ingestion_lock(document_id):
         return _ingest(document_id, retriever, skip_if_ingested)
 

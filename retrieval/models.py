@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group
+from django.contrib.auth.models import AbstractUser, AnonymousUser, Group
 from django.db import models
 from django.db.models import Q, QuerySet
 
@@ -26,7 +26,7 @@ class Collection(models.Model):
         return self.name
 
     @classmethod
-    def readable_by(cls, user: AbstractBaseUser | AnonymousUser | None) -> QuerySet[Collection]:
+    def readable_by(cls, user: AbstractUser | AnonymousUser | None) -> QuerySet[Collection]:
         """The collections `user` may search; None means a trusted caller (CLI, eval)."""
         if user is None:
             return cls.objects.all()

@@ -1,10 +1,11 @@
 """Ingestions cut short by a crash (a killed worker or server) are found and queued again.
 
 While a document is ingested, the run holds an exclusive lock (`flock`) on a file of its own
-under the data dir; the kernel releases it however the process ends, SIGKILL included. So a
-document left `processing` whose lock is free was abandoned by a process that died, and one that
-is locked is being ingested right now. The lock also keeps two runs of one document (a message
-delivered twice, a re-ingest while one runs) from overlapping: the second waits for the first.
+under the data dir (`retrieval.ingestion_lock`); the kernel releases it however the process
+ends, SIGKILL included. So a document left `processing` whose lock is free was abandoned by a
+process that died, and one that is locked is being ingested right now. The lock also keeps two
+runs of one document (a message delivered twice, a re-ingest while one runs) from overlapping:
+the second waits for the first.
 
 `recover_interrupted_ingestions()` runs where ingestion runs: in a Celery worker when it starts
 (`retrieval.apps`), and in the web server when it starts with tasks run in-process (no
@@ -16,62 +17,20 @@ delivery finds the document already ingested from the same file and does nothing
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
-import os
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 from django.conf import settings
 from django.db import connections
 
+from retrieval.ingestion_lock import ingestion_lock
 from retrieval.models import Document
+from retrieval.search import get_retriever
+from retrieval.tasks import ingest_document
 
 logger = logging.getLogger(__name__)
 
 Status = Document.Status
-
-
-def lock_path(document_id: int) -> Path:
-    directory = Path(settings.DATA_DIR) / "index" / "ingesting"
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory / f"document-{int(document_id)}.lock"
-
-
-@contextlib.contextmanager
-def ingestion_lock(document_id: int, *, blocking: bool = True) -> Iterator[bool]:
-    """Hold document `document_id`'s ingestion lock; yields False if not blocking and taken.
-
-    The file is removed when released. A waiter that then gets the lock of the removed file
-    notices (another inode at the path now) and takes the lock of the path's current file.
-    """
-    path = lock_path(document_id)
-    while True:
-        descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(descriptor)
-            yield False
-            return
-        except BaseException:
-            os.close(descriptor)
-            raise
-        try:
-            is_current = os.stat(path).st_ino == os.fstat(descriptor).st_ino
-        except FileNotFoundError:
-            is_current = False
-        if is_current:
-            break
-        os.close(descriptor)
-    try:
-        yield True
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        os.close(descriptor)  # releases the lock
 
 
 def recover_interrupted_ingestions(*, include_queued: bool) -> list[int]:
@@ -82,8 +41,6 @@ def recover_interrupted_ingestions(*, include_queued: bool) -> list[int]:
     killed between the upload's commit and its ingestion). With a broker a queued document's
     message is still in the queue, so it is left alone.
     """
-    from retrieval.tasks import ingest_document
-
     statuses = [Status.PROCESSING, *([Status.QUEUED] if include_queued else [])]
     candidates = list(
         Document.objects.filter(status__in=statuses).order_by("pk").values_list("pk", flat=True)
@@ -125,8 +82,6 @@ def check_at_start() -> None:
 
     Runs in a background thread (`start_check_in_background`), so the server answers meanwhile.
     """
-    from retrieval.search import get_retriever
-
     try:
         get_retriever()  # builds the retriever, which checks and repairs the index
         if settings.CELERY_TASK_ALWAYS_EAGER:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from django.conf import settings
+from django.contrib.auth.models import AbstractUser, AnonymousUser
 from django.db.models import Max, Min
 
 from retrieval.embeddings import Embedder, get_embedder
@@ -56,7 +57,7 @@ class Retriever:
         self.num_candidates = num_candidates
         self._lexical_lock = threading.Lock()
 
-    def _lexical_stamp(self) -> tuple:
+    def _lexical_stamp(self) -> tuple[int, int | None, int | None]:
         stats = Chunk.objects.filter(document__status=Document.Status.READY).aggregate(
             low=Min("id"), high=Max("id")
         )
@@ -195,7 +196,7 @@ def search(
     query: str,
     collections: Iterable[Collection | int] | None = None,
     top_k: int | None = None,
-    user=None,
+    user: AbstractUser | AnonymousUser | None = None,
     *,
     mode: str = "hybrid+rerank",
 ) -> list[SearchHit]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import transaction
 from django.db.models.signals import pre_delete
@@ -14,10 +15,12 @@ logger = logging.getLogger(__name__)
 
 
 @receiver(pre_delete, sender=Document)
-def remove_vectors_of_deleted_document(sender, instance: Document, **kwargs) -> None:
+def remove_vectors_of_deleted_document(
+    sender: type[Document], instance: Document, **kwargs: Any
+) -> None:
     chunk_ids = list(Chunk.objects.filter(document=instance).values_list("id", flat=True))
-    if instance.file:
-        storage, name = instance.file.storage, instance.file.name
+    storage, name = instance.file.storage, instance.file.name
+    if name:
         transaction.on_commit(lambda: storage.delete(name))
     if not chunk_ids:
         return

@@ -5,23 +5,29 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.core.files.uploadedfile import UploadedFile
 from django.db import OperationalError, transaction
 from kombu.exceptions import OperationalError as BrokerError
 
+from retrieval.ingest import fail, ingest
 from retrieval.models import Collection, Document
+from retrieval.search import get_retriever
 
 logger = logging.getLogger(__name__)
 
 # NOTE: errors worth retrying are those of services that come back: the database and the broker.
 TRANSIENT_ERRORS = (OperationalError, ConnectionError, TimeoutError)
 SOFT_TIME_LIMIT_S = 30 * 60
+MAX_RETRIES = 3
 # The start of a document's error when its ingestion could not be queued (see `was_not_queued`).
 NOT_QUEUED = "Could not queue the ingestion"
+
+# What `ingest_document` returns: the document's id, its final status, and its error if failed.
+TaskResult = dict[str, int | str]
 
 
 @shared_task(
@@ -31,19 +37,16 @@ NOT_QUEUED = "Could not queue the ingestion"
     reject_on_worker_lost=True,
     soft_time_limit=SOFT_TIME_LIMIT_S,
     time_limit=SOFT_TIME_LIMIT_S + 60,
-    max_retries=3,
+    max_retries=MAX_RETRIES,
 )
-def ingest_document(self, document_id: int) -> dict:
+def ingest_document(self: Task[[int], TaskResult], document_id: int) -> TaskResult:
     """Ingest one document by id (re-fetched; idempotent). Returns its final status."""
-    from retrieval.ingest import fail, ingest
-    from retrieval.search import get_retriever
-
     try:
         # NOTE: a message delivered again after a crash finds the document already ingested.
         document = ingest(document_id, get_retriever(), skip_if_ingested=True)
     except TRANSIENT_ERRORS as error:
-        if self.request.retries >= self.max_retries:
-            _fail_quietly(document_id, f"Gave up after {self.max_retries} retries: {error}")
+        if self.request.retries >= MAX_RETRIES:
+            _fail_quietly(document_id, f"Gave up after {MAX_RETRIES} retries: {error}")
             raise
         logger.warning("ingesting document %s hit %s; retrying", document_id, error)
         raise self.retry(exc=error, countdown=2 ** (self.request.retries + 1)) from error
@@ -63,8 +66,6 @@ def ingest_document(self, document_id: int) -> dict:
 
 
 def _fail_quietly(document_id: int, reason: str) -> None:
-    from retrieval.ingest import fail
-
     try:
         document = Document.objects.filter(pk=document_id).first()
         if document is not None:
@@ -130,15 +131,15 @@ def drop_unqueued(documents: list[Document]) -> str | None:
     return f"The upload was not kept: {detail} Try again shortly."
 
 
-def add_upload(
-    collection: Collection, upload: UploadedFile, user: AbstractBaseUser | None
-) -> Document:
+def add_upload(collection: Collection, upload: UploadedFile[bytes], user: User | None) -> Document:
     """Store an uploaded file as a new document of `collection` and queue its ingestion."""
+    if not upload.name:
+        raise ValueError("an upload without a file name cannot be stored")
     document = Document.objects.create(
         collection=collection,
         title=Path(upload.name).name,
         file=upload,
-        size_bytes=upload.size,
+        size_bytes=upload.size or 0,
         created_by=user,
     )
     enqueue_ingest(document)

@@ -1,0 +1,1 @@
+"""The retrieval app's management commands (in commands/)."""

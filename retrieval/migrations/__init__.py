@@ -1,0 +1,1 @@
+"""The retrieval app's database migrations."""

@@ -1,5 +1,4 @@
 """retrieval.admin (with forms): staff upload, progress, re-ingest, delete and search preview."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
 from retrieval.models import Chunk, Collection, Document
-from tests.retrieval_fixtures import HANDBOOK, KITCHEN, retriever  # noqa: F401
+from tests.documents import HANDBOOK, KITCHEN
 
 pytestmark = pytest.mark.django_db
 

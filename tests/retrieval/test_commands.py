@@ -1,6 +1,5 @@
 """The retrieval management commands: ingest, search and rebuild_index (eval_retrieval has its
 own file, test_retrieval_evaluation.py)."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -11,7 +10,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from retrieval.models import Chunk, Collection, Document
-from tests.retrieval_fixtures import HANDBOOK, KITCHEN, retriever  # noqa: F401
+from tests.documents import HANDBOOK, KITCHEN
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,4 @@
 """retrieval.consistency: the faiss index and the Chunk table are brought back into step."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ import retrieval.search as search_module
 from retrieval.consistency import rebuild_index, repair_index
 from retrieval.ingest import ingest
 from retrieval.models import Chunk, Collection
-from tests.retrieval_fixtures import HANDBOOK, KITCHEN, add_document, retriever  # noqa: F401
+from tests.documents import HANDBOOK, KITCHEN, add_document
 
 pytestmark = pytest.mark.django_db
 

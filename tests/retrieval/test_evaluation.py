@@ -1,5 +1,4 @@
 """retrieval.evaluation and `manage.py eval_retrieval`: metrics, and a smoke run on a tiny set."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -14,7 +13,6 @@ from django.core.management.base import CommandError
 
 from retrieval.evaluation import load_beir, score_ranking
 from retrieval.models import Chunk, Collection, Document
-from tests.retrieval_fixtures import retriever  # noqa: F401
 
 METRICS = {"recall1", "recall5", "recall10", "mrr10", "ndcg10", "p50_ms", "p95_ms"}
 

@@ -1,5 +1,4 @@
 """retrieval.ingest: read, extract, chunk, embed, store and index one document, idempotently."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -10,7 +9,7 @@ from retrieval.ingest import ingest
 from retrieval.models import Chunk, Collection, Document
 from retrieval.search import search
 from tests import malicious_files as bad
-from tests.retrieval_fixtures import HANDBOOK, KITCHEN, add_document, retriever  # noqa: F401
+from tests.documents import HANDBOOK, KITCHEN, add_document
 
 pytestmark = pytest.mark.django_db
 

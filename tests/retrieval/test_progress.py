@@ -8,7 +8,7 @@ from channels.layers import get_channel_layer
 
 from retrieval.models import Collection, Document
 from retrieval.progress import group_name, report
-from tests.retrieval_fixtures import add_document
+from tests.documents import add_document
 
 pytestmark = pytest.mark.django_db
 

@@ -4,7 +4,6 @@ In-process, on the embedded defaults (tasks run in-process). The real crashes â€
 and a server process killed with SIGKILL mid-ingestion â€” are in
 tests/reliability/test_worker_kill.py.
 """
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -18,10 +17,11 @@ from django.core.files.base import ContentFile
 from django.db import connection
 
 from retrieval.ingest import ingest
+from retrieval.ingestion_lock import ingestion_lock, lock_path
 from retrieval.models import Chunk, Collection, Document
-from retrieval.recovery import ingestion_lock, lock_path, recover_interrupted_ingestions
+from retrieval.recovery import recover_interrupted_ingestions
 from retrieval.tasks import enqueue_ingest, ingest_document
-from tests.retrieval_fixtures import HANDBOOK, KITCHEN, add_document, retriever  # noqa: F401
+from tests.documents import HANDBOOK, KITCHEN, add_document
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,5 +1,4 @@
 """retrieval.search: real embedder, real faiss, real BM25, permission-filtered."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -9,7 +8,7 @@ from django.contrib.auth.models import Group, User
 from retrieval.ingest import ingest
 from retrieval.models import Chunk, Collection, Document
 from retrieval.search import search
-from tests.retrieval_fixtures import HANDBOOK, KITCHEN, add_document, retriever  # noqa: F401
+from tests.documents import HANDBOOK, KITCHEN, add_document
 
 pytestmark = pytest.mark.django_db
 

@@ -1,5 +1,4 @@
 """retrieval.tasks: ingestion through Celery, in-process and through a real worker on Redis."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from django.conf import settings
 
 from retrieval.models import Chunk, Collection, Document
 from retrieval.tasks import enqueue_ingest, ingest_document
-from tests.retrieval_fixtures import add_document, retriever  # noqa: F401
+from tests.documents import add_document
 
 ROOT = Path(__file__).resolve().parents[2]
 

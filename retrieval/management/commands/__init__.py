@@ -1,0 +1,1 @@
+"""`manage.py` commands: ingest, search, rebuild_index, eval_retrieval."""

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from retrieval.evaluation import evaluate
 from retrieval.rerank import make_reranker
@@ -14,15 +16,22 @@ from retrieval.rerank import make_reranker
 class Command(BaseCommand):
     help = "Evaluate retrieval on a BEIR-layout directory; prints one JSON object."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("directory")
         parser.add_argument("--max-queries", type=int, default=None)
         parser.add_argument("--reranker", default=None, help="default: CACHET_RERANKER")
 
-    def handle(self, *args, directory: str, max_queries, reranker, **options) -> None:
+    def handle(
+        self,
+        *args: Any,
+        directory: str,
+        max_queries: int | None,
+        reranker: str | None,
+        **options: Any,
+    ) -> None:
         try:
             result = evaluate(
-                directory,
+                Path(directory),
                 max_queries=max_queries,
                 reranker=make_reranker(reranker or settings.CACHET_RERANKER),
                 candidates=settings.CACHET_SEARCH_CANDIDATES,

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from django.core.files import File
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from retrieval.extract import SUPPORTED_SUFFIXES
@@ -32,11 +33,11 @@ def files_under(paths: list[str]) -> list[Path]:
 class Command(BaseCommand):
     help = "Ingest files into a collection (created if missing), with a progress bar."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("paths", nargs="+")
         parser.add_argument("--collection", required=True)
 
-    def handle(self, *args, paths: list[str], collection: str, **options) -> None:
+    def handle(self, *args: Any, paths: list[str], collection: str, **options: Any) -> None:
         target, _ = Collection.objects.get_or_create(name=collection)
         files = files_under(paths)
         retriever = get_retriever()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.management.base import BaseCommand
 
 from retrieval.consistency import rebuild_index
@@ -11,6 +13,6 @@ from retrieval.search import get_retriever
 class Command(BaseCommand):
     help = "Rebuild the vector index from the chunks in the database."
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         count = rebuild_index(get_retriever())
         self.stdout.write(f"index rebuilt: {count} vectors")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from retrieval.models import Collection
 from retrieval.search import MODES, search
@@ -11,13 +13,21 @@ from retrieval.search import MODES, search
 class Command(BaseCommand):
     help = "Search the indexed documents."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("query")
         parser.add_argument("--collection", action="append", default=None)
         parser.add_argument("--top-k", type=int, default=None)
         parser.add_argument("--mode", choices=MODES, default="hybrid+rerank")
 
-    def handle(self, *args, query: str, collection, top_k, mode, **options) -> None:
+    def handle(
+        self,
+        *args: Any,
+        query: str,
+        collection: list[str] | None,
+        top_k: int | None,
+        mode: str,
+        **options: Any,
+    ) -> None:
         collections = None
         if collection:
             collections = list(Collection.objects.filter(name__in=collection))
