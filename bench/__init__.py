@@ -1,0 +1,1 @@
+"""Benchmarks (not shipped): python -m bench.engine [--table] | chat | api | retrieval (--smoke)."""

@@ -12,12 +12,13 @@ both sides on the same prompts, model and engine settings, one after the other:
    `/v1/chat/completions` at once (greedy, `ignore_eos`, usage in the stream), after one warm-up
    request.
 
-The workload is `bench.engine`'s: a fixed ~1,000-token system prompt, a unique ~250-token user
-turn per request, `--max-tokens` (64) output tokens. Both sides send the same messages; the engine
-side builds their token ids with the server's own `PromptBuilder`, so the prompts are the same
-tokens (checked: `prompt_tokens_match`). Aggregate output tok/s = completion tokens / wall time
-from the first request to the last answer (`[DONE]` on the API side). Reports TTFT p50/p95 (the
-API's client side: request sent -> first content chunk) and per-stream decode tok/s too.
+The workload is the engine bench's (`bench.workload`): a fixed ~1,000-token system prompt, a
+unique ~250-token user turn per request, `--max-tokens` (64) output tokens. Both sides send the
+same messages; the engine side builds their token ids with the server's own `PromptBuilder`, so
+the prompts are the same tokens (checked: `prompt_tokens_match`). Aggregate output tok/s =
+completion tokens / wall time from the first request to the last answer (`[DONE]` on the API
+side). Reports TTFT p50/p95 (the API's client side: request sent -> first content chunk) and
+per-stream decode tok/s too.
 
     python -m bench.api --json              # 32 clients x 64 tokens (a few minutes on 2 cores)
     python -m bench.api --json --smoke      # 2 clients x 4 tokens, short prompts
@@ -27,11 +28,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import gc
 import logging
 import os
-import secrets
 import sys
 import time
 from dataclasses import dataclass
@@ -39,55 +38,26 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.chat import BenchError, counts, rounded, run_cli
-from bench.engine import SMOKE, Seeds, Workload, text_of_tokens
-from harness.live_server import LiveServer, LiveServerError, default_models_dir
+from bench.workload import SMOKE, Seeds, Workload, text_of_tokens
+from harness import (
+    SITE_TIMEOUT_S,
+    CannotRunError,
+    LiveServer,
+    LiveServerError,
+    counts,
+    default_models_dir,
+    rounded,
+    run_cli,
+)
 
 logger = logging.getLogger(__name__)
 
 TARGET_RATIO = 0.85  # API throughput at least 85% of the engine's: "within 15%"
 SMOKE_CONCURRENCY, SMOKE_MAX_TOKENS = 2, 4
-# The bench key's limits: far above what a run uses, so no request is refused for them.
-KEY_REQUESTS_PER_MINUTE = 1_000_000
-KEY_TOKENS_PER_MINUTE = 1_000_000_000
 MAX_ERROR_DETAILS = 10
-
-
-# --- The server's side: its key and engine settings (run by `LiveServer.call`) ---
-
-
-def prepare_server(spec: dict) -> dict:
-    """A user with an API key of high limits, and the engine settings the server will load.
-
-    NOTE: runs in a Django shell of the server's settings (`LiveServer.call`), not in this
-    process, whose Django (if any) may be set up on other settings.
-    """
-    from django.conf import settings
-    from django.contrib.auth.models import User
-
-    from api.models import ApiKey
-    from inference.models import ModelConfig
-    from inference.runtime import engine_config_for, served_model_name
-
-    user = User.objects.create_user(f"api-bench-{secrets.token_hex(4)}")
-    _, raw_key = ApiKey.create_for(
-        user,
-        "bench",
-        requests_per_minute=spec["requests_per_minute"],
-        tokens_per_minute=spec["tokens_per_minute"],
-    )
-    active = ModelConfig.active()
-    # NOTE: also converts the bundled GGUF once on a fresh clone, into the shared models cache.
-    config = engine_config_for(active)
-    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-    fields["model_dir"] = str(config.model_dir)
-    fields["dtype"] = str(config.dtype).removeprefix("torch.")
-    return {
-        "api_key": raw_key,
-        "model": served_model_name(active),
-        "engine_config": fields,
-        "torch_threads": settings.CACHET_TORCH_THREADS,
-    }
+# What the bench asks `harness.site.prepare_site` for: an API key, and the engine settings the
+# server will load (the in-process engine runs on them).
+SITE_SPEC = {"label": "api-bench", "users": 0, "api_key": True, "engine_config": True}
 
 
 # --- The workload ---
@@ -137,7 +107,7 @@ def bench_engine(engine_config: dict, workload: Workload, concurrency: int) -> t
     load_s = time.perf_counter() - began
     try:
         texts = workload_texts(engine.tokenizer, workload, concurrency)
-        # NOTE: the server builds chat prompts this way (chat.prompting.prompt_builder_for).
+        # NOTE: the server builds chat prompts this way (chat.delta_sources.prompt_builder_for).
         builder = PromptBuilder(engine.tokenizer, texts.system, max_model_len=engine.max_model_len)
 
         def prompt(user: str) -> list[int]:
@@ -251,7 +221,7 @@ async def drive_api(
     ) as client:
         warm = await stream_one(client, model, texts.system, texts.warmup, max_tokens, -1)
         if warm.error is not None:
-            raise BenchError(f"the warm-up request failed: {warm.error}")
+            raise CannotRunError(f"the warm-up request failed: {warm.error}")
         began = time.perf_counter()
         results = await asyncio.gather(
             *(
@@ -339,14 +309,7 @@ def run_bench(
             kv_cache_mb=kv_cache_mb,
             ready_timeout_s=startup_timeout_s,
         ) as server:
-            setup = server.call(
-                "bench.api:prepare_server",
-                {
-                    "requests_per_minute": KEY_REQUESTS_PER_MINUTE,
-                    "tokens_per_minute": KEY_TOKENS_PER_MINUTE,
-                },
-                timeout=900,
-            )
+            setup = server.call("harness.site:prepare_site", SITE_SPEC, timeout=SITE_TIMEOUT_S)
             engine_config = setup["engine_config"]
             logger.info("engine settings of the server: %s", engine_config)
 
@@ -393,7 +356,7 @@ def run_bench(
             if api["errors"]:
                 logger.warning("requests failed; the server's log ends:\n%s", server.log_tail())
     except LiveServerError as error:
-        raise BenchError(str(error)) from None
+        raise CannotRunError(str(error)) from None
 
     ratio = (
         round(api["throughput_tok_s"] / engine["throughput_tok_s"], 3)

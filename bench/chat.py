@@ -22,28 +22,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
-import contextlib
-import hashlib
-import json
 import logging
 import os
-import secrets
-import signal
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from harness.live_server import LiveServer, LiveServerError, default_models_dir
+from harness import (
+    SITE_TIMEOUT_S,
+    CannotRunError,
+    ChatClient,
+    LiveServer,
+    LiveServerError,
+    TurnResult,
+    counts,
+    default_models_dir,
+    rounded,
+    run_cli,
+)
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
-SITE_COMMAND_TIMEOUT_S = 900.0  # includes converting the chat model on a fresh clone (~45 s)
 LOG_TAIL_CHARS = 4000
 MAX_ERROR_DETAILS = 20
 
@@ -148,10 +149,11 @@ TOPICS = (
 NAMES = ("Amira", "Jonas", "Priya", "Mateo", "Chen", "Fatima", "Lukas", "Sofia", "Kwame", "Ines")
 TEAMS = ("logistics", "sales", "finance", "warehouse", "customer support", "engineering")
 WARMUP_QUESTION = "Hi! What kind of questions can you help me with?"
-
-
-class BenchError(RuntimeError):
-    """The benchmark could not run (the server did not start, setting up the site failed...)."""
+HANDBOOK_DOCUMENT = {
+    "title": "Northwind employee handbook",
+    "file_name": "handbook.md",
+    "text": HANDBOOK,
+}
 
 
 def question(chat: int, turn: int) -> str:
@@ -166,320 +168,52 @@ def question(chat: int, turn: int) -> str:
     return text
 
 
-# --- The site: models, user, profile, documents (run by `LiveServer.call`, in a Django shell) ---
-
-
-def prepare_site(spec: dict) -> dict:
-    """Prepare the models, and add the bench's user, profile and handbook collection.
-
-    NOTE: runs in a Django shell of the server's settings (`LiveServer.call`), not in this
-    process: Django reads its settings once per process, and the caller (the test suite) may
-    already have set up Django on other settings.
-    """
-    from django.conf import settings
-    from django.contrib.auth.models import User
-    from django.core.files.base import ContentFile
-    from django.test import Client
-
-    from chat.models import AssistantProfile
-    from inference.model_files import resolve_chat_model, resolve_embedding_model
-    from retrieval.models import Collection, Document
-
-    # NOTE: converts the GGUF once on a fresh clone, into the shared cache (<data dir>/models is a
-    # link to it); afterwards the server finds it cached.
-    chat_model = resolve_chat_model(settings.CACHET_MODEL, settings.MODELS_DIR)
-    resolve_embedding_model(settings.CACHET_EMBEDDING_MODEL)
-    token = secrets.token_hex(4)
-    user = User.objects.create_user(
-        f"bench-{token}", password=secrets.token_urlsafe(24), first_name="Sam", last_name="Rivera"
-    )
-    profile = AssistantProfile.objects.create(
-        name=f"Benchmark {token}",
-        system_prompt=SYSTEM_PROMPT,
-        temperature=0.0,
-        max_tokens=spec["max_tokens"],
-        search_top_k=spec["top_k"],
-    )
-    collection_ids, num_chunks = [], 0
-    if spec["with_documents"]:
-        from retrieval.ingest import ingest
-        from retrieval.search import get_retriever
-
-        collection = Collection.objects.create(name=f"Benchmark handbook {token}")
-        collection.readers.add(user)
-        profile.collections.add(collection)
-        document = Document.objects.create(
-            collection=collection,
-            title="Northwind employee handbook",
-            file=ContentFile(HANDBOOK.encode(), name="handbook.md"),
-            created_by=user,
-        )
-        document = ingest(document.pk, get_retriever())
-        if document is None or document.status != Document.Status.READY:
-            reason = document.error if document is not None else "the document vanished"
-            raise BenchError(f"ingesting the handbook failed: {reason}")
-        collection_ids, num_chunks = [collection.pk], document.chunks.count()
-    client = Client()
-    client.force_login(user)
+def site_spec(*, max_tokens: int, top_k: int | None, with_documents: bool) -> dict:
+    """What the bench asks `harness.site.prepare_site` for: a user, a profile, the handbook."""
     return {
-        "cookie_name": settings.SESSION_COOKIE_NAME,
-        "session": client.cookies[settings.SESSION_COOKIE_NAME].value,
-        "user_id": user.pk,
-        "profile_id": profile.pk,
-        "collection_ids": collection_ids,
-        "document_chunks": num_chunks,
-        "chat_model_dir": str(chat_model.directory),
-        "chat_model_action": chat_model.action,
+        "label": "bench",
+        "user": {"first_name": "Sam", "last_name": "Rivera"},
+        "profile": {
+            "system_prompt": SYSTEM_PROMPT,
+            "temperature": 0.0,
+            "max_tokens": max_tokens,
+            "search_top_k": top_k,
+        },
+        "document": HANDBOOK_DOCUMENT if with_documents else None,
     }
 
 
-def cleanup_site(spec: dict) -> dict:
-    """Delete what `prepare_site` added (for a database that outlives the run)."""
-    from django.contrib.auth.models import User
-    from django.contrib.sessions.models import Session
-
-    from chat.models import AssistantProfile
-    from retrieval.models import Collection
-
-    Collection.objects.filter(pk__in=spec["collection_ids"]).delete()
-    AssistantProfile.objects.filter(pk=spec["profile_id"]).delete()
-    User.objects.filter(pk=spec["user_id"]).delete()  # its conversations go with it
-    Session.objects.filter(session_key=spec["session"]).delete()
-    return {"deleted": True}
+# --- The chats ---
 
 
-# --- The WebSocket clients ---
-
-
-@dataclass(slots=True)
-class TurnResult:
-    chat: int  # 0-based; -1 for the warm-up
-    turn: int  # 1-based
-    ttft_s: float | None = None  # client side: message sent -> first token frame
-    total_s: float | None = None  # client side: message sent -> done
-    token_frames: int = 0
-    num_sources: int = 0
-    conversation: int | None = None
-    stats: dict | None = None
-    finish_reason: str | None = None
-    answer: str = ""
-    error: dict | None = None  # {"code", "message"}
-
-
-CLOSED = object()  # put in a socket's frame queue when it closes
-WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
-OP_CONTINUATION, OP_TEXT, OP_CLOSE, OP_PING, OP_PONG = 0x0, 0x1, 0x8, 0x9, 0xA
-
-
-def _masked(data: bytes, mask: bytes) -> bytes:
-    if not data:
-        return b""
-    key = (mask * (len(data) // 4 + 1))[: len(data)]
-    return (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(len(data), "big")
-
-
-class ChatSocket:
-    """A minimal RFC 6455 client over asyncio streams: JSON text frames, ping/pong, close.
-
-    NOTE: hand-rolled on purpose: `websockets` is not installed, and autobahn's asyncio flavour
-    refuses to run in a process where daphne already chose Twisted for txaio (the test suite).
-    Received frames are decoded into `frames`; `CLOSED` follows the last one.
-    """
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-        self.frames: asyncio.Queue = asyncio.Queue()
-        self.close_info: tuple[int, str] | None = None
-        self._close_sent = False
-        self._reading = asyncio.create_task(self._read_loop())
-
-    @classmethod
-    async def connect(cls, port: int, path: str, headers: dict[str, str]) -> ChatSocket:
-        reader, writer = await asyncio.open_connection(HOST, port)
-        key = base64.b64encode(secrets.token_bytes(16)).decode()
-        request = [
-            f"GET {path} HTTP/1.1",
-            f"Host: {HOST}:{port}",
-            "Upgrade: websocket",
-            "Connection: Upgrade",
-            f"Sec-WebSocket-Key: {key}",
-            "Sec-WebSocket-Version: 13",
-            *(f"{name}: {value}" for name, value in headers.items()),
-        ]
-        writer.write(("\r\n".join(request) + "\r\n\r\n").encode())
-        try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
-        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError) as error:
-            writer.close()
-            raise ConnectionError(f"no handshake answer: {error}") from None
-        status, *lines = head.split("\r\n")
-        answer = {n.strip().lower(): v.strip() for n, _, v in (x.partition(":") for x in lines)}
-        expected = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
-        if status.split(" ")[1:2] != ["101"] or answer.get("sec-websocket-accept") != expected:
-            writer.close()
-            raise ConnectionError(f"handshake refused: {status}")
-        return cls(reader, writer)
-
-    def _send_frame(self, opcode: int, payload: bytes) -> None:
-        size = len(payload)
-        if size < 126:
-            length = bytes([0x80 | size])
-        elif size < 1 << 16:
-            length = bytes([0x80 | 126]) + size.to_bytes(2, "big")
-        else:
-            length = bytes([0x80 | 127]) + size.to_bytes(8, "big")
-        mask = secrets.token_bytes(4)  # clients must mask every frame
-        self.writer.write(bytes([0x80 | opcode]) + length + mask + _masked(payload, mask))
-
-    async def next_frame(self, deadline: float, timeout_s: float) -> dict:
-        """The next received frame; an `error` frame (code `timeout` or `closed`) when none
-        comes before the loop time `deadline` or the socket closes."""
-        loop = asyncio.get_running_loop()
-        try:
-            item = await asyncio.wait_for(self.frames.get(), max(deadline - loop.time(), 0))
-        except TimeoutError:
-            return {"type": "error", "code": "timeout", "message": f"no done in {timeout_s:g}s"}
-        if item is CLOSED:
-            return {
-                "type": "error",
-                "code": "closed",
-                "message": f"socket closed: {self.close_info}",
-            }
-        return item
-
-    def send_json(self, frame: dict) -> None:
-        self._send_frame(OP_TEXT, json.dumps(frame).encode())
-
-    async def _read_frame(self) -> tuple[bool, int, bytes]:
-        first, second = await self.reader.readexactly(2)
-        size = second & 0x7F
-        if size >= 126:
-            size = int.from_bytes(await self.reader.readexactly(2 if size == 126 else 8), "big")
-        mask = await self.reader.readexactly(4) if second & 0x80 else None
-        payload = await self.reader.readexactly(size)
-        return bool(first & 0x80), first & 0x0F, _masked(payload, mask) if mask else payload
-
-    async def _read_loop(self) -> None:
-        parts: list[bytes] = []
-        try:
-            while True:
-                fin, opcode, payload = await self._read_frame()
-                if opcode == OP_CLOSE:
-                    code = int.from_bytes(payload[:2], "big") if len(payload) >= 2 else 1005
-                    self.close_info = (code, payload[2:].decode(errors="replace"))
-                    if not self._close_sent:
-                        self._close_sent = True
-                        self._send_frame(OP_CLOSE, payload[:2])
-                    return
-                if opcode == OP_PING:
-                    self._send_frame(OP_PONG, payload)
-                elif opcode in (OP_TEXT, OP_CONTINUATION):
-                    parts.append(payload)
-                    if fin:
-                        text, parts = b"".join(parts), []
-                        try:
-                            self.frames.put_nowait(json.loads(text))
-                        except ValueError:
-                            message = f"not JSON: {text[:80]!r}"
-                            self.frames.put_nowait(
-                                {"type": "error", "code": "client_bad_json", "message": message}
-                            )
-        except (asyncio.IncompleteReadError, ConnectionError) as error:
-            self.close_info = self.close_info or (1006, f"connection lost: {error}")
-        finally:
-            self.frames.put_nowait(CLOSED)
-
-    async def close(self) -> None:
-        with contextlib.suppress(ConnectionError, RuntimeError):
-            if not self._close_sent:
-                self._close_sent = True
-                self._send_frame(OP_CLOSE, (1000).to_bytes(2, "big"))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._reading), 5)
-            self.writer.close()
-            with contextlib.suppress(OSError):
-                await self.writer.wait_closed()
-        self._reading.cancel()
-
-
-@dataclass(frozen=True, slots=True)
-class ChatClient:
-    """How to reach the server and who to be: the chat socket's URL, origin and session."""
-
-    port: int
-    cookie: str  # "sessionid=..."
-    profile_id: int
-    collection_ids: list[int]
-    turn_timeout_s: float
-
-    async def connect(self) -> ChatSocket:
-        headers = {"Origin": f"http://{HOST}:{self.port}", "Cookie": self.cookie}
-        return await asyncio.wait_for(ChatSocket.connect(self.port, "/ws/chat/", headers), 30)
-
-    async def turn(self, sock: ChatSocket, result: TurnResult, content: str, seed: int) -> None:
-        """Send one message and read frames until `done` or `error`, filling in `result`."""
-        frame: dict = {
-            "type": "message",
-            "conversation": result.conversation,
-            "content": content,
-            "seed": seed,
-        }
-        if result.conversation is None:
-            # NOTE: passed explicitly, so the bench changes no defaults of the database.
-            frame |= {"profile": self.profile_id, "collections": self.collection_ids}
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.turn_timeout_s
-        sent = time.perf_counter()
-        sock.send_json(frame)
-        while True:
-            item = await sock.next_frame(deadline, self.turn_timeout_s)
-            kind = item.get("type")
-            if kind == "token":
-                if result.ttft_s is None:
-                    result.ttft_s = time.perf_counter() - sent
-                result.token_frames += 1
-            elif kind == "start":
-                result.conversation = item["conversation"]["id"]
-            elif kind == "sources":
-                result.num_sources = len(item["sources"])
-            elif kind == "done":
-                result.total_s = time.perf_counter() - sent
-                result.stats = item["message"]["stats"]
-                result.finish_reason = item["message"]["finish_reason"]
-                result.answer = item["message"]["content"]
+async def run_chat(client: ChatClient, index: int, turns: int, results: list[TurnResult]) -> None:
+    """Chat `index`: `turns` turns on its own socket; stops at the first failed turn."""
+    conversation = None
+    try:
+        sock = await client.connect()
+    except (OSError, ConnectionError, TimeoutError) as error:
+        results.append(TurnResult(index, 1, error={"code": "connect", "message": str(error)}))
+        return
+    try:
+        for turn in range(1, turns + 1):
+            result = TurnResult(index, turn, conversation=conversation)
+            results.append(result)
+            await client.turn(sock, result, question(index, turn), seed=index * 1000 + turn)
+            if result.error is not None:
+                logger.warning("chat %d turn %d: %s", index + 1, turn, result.error)
                 return
-            elif kind == "error":
-                result.error = {"code": item.get("code"), "message": item.get("message")}
-                return
-
-    async def chat(self, index: int, turns: int, results: list[TurnResult]) -> None:
-        """One chat of `turns` turns on its own socket; stops at the first failed turn."""
-        conversation = None
-        try:
-            sock = await self.connect()
-        except (OSError, ConnectionError, TimeoutError) as error:
-            results.append(TurnResult(index, 1, error={"code": "connect", "message": str(error)}))
-            return
-        try:
-            for turn in range(1, turns + 1):
-                result = TurnResult(index, turn, conversation=conversation)
-                results.append(result)
-                await self.turn(sock, result, question(index, turn), seed=index * 1000 + turn)
-                if result.error is not None:
-                    logger.warning("chat %d turn %d: %s", index + 1, turn, result.error)
-                    return
-                conversation = result.conversation
-                logger.debug("chat %d turn %d answered: %r", index + 1, turn, result.answer)
-                logger.info(
-                    "chat %d turn %d: ttft %.2fs, %s/%s prompt tokens cached",
-                    index + 1,
-                    turn,
-                    result.ttft_s or 0.0,
-                    result.stats["cached_tokens"],
-                    result.stats["prompt_tokens"],
-                )
-        finally:
-            await sock.close()
+            conversation = result.conversation
+            logger.debug("chat %d turn %d answered: %r", index + 1, turn, result.answer)
+            logger.info(
+                "chat %d turn %d: ttft %.2fs, %s/%s prompt tokens cached",
+                index + 1,
+                turn,
+                result.ttft_s or 0.0,
+                result.stats["cached_tokens"],
+                result.stats["prompt_tokens"],
+            )
+    finally:
+        await sock.close()
 
 
 async def drive(
@@ -494,30 +228,26 @@ async def drive(
         try:
             sock = await client.connect()
         except (OSError, ConnectionError, TimeoutError) as error:
-            raise BenchError(f"could not open the chat socket: {error}") from error
+            raise CannotRunError(f"could not open the chat socket: {error}") from error
         warm = TurnResult(-1, 1)
         try:
             await client.turn(sock, warm, WARMUP_QUESTION, seed=0)
         finally:
             await sock.close()
         if warm.error is not None:
-            raise BenchError(f"the warm-up turn failed: {warm.error}")
+            raise CannotRunError(f"the warm-up turn failed: {warm.error}")
     results: list[TurnResult] = []
     started = time.perf_counter()
 
     async def start(index: int) -> None:
         await asyncio.sleep(ramp_s * index / max(chats - 1, 1))
-        await client.chat(index, turns, results)
+        await run_chat(client, index, turns, results)
 
     await asyncio.gather(*(start(index) for index in range(chats)))
     return results, warm, time.perf_counter() - started
 
 
 # --- The report ---
-
-
-def rounded(value: float | None, digits: int = 4) -> float | None:
-    return None if value is None else round(float(value), digits)
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -590,14 +320,6 @@ def summarize(results: list[TurnResult], turns: int, wall_s: float) -> dict:
     }
 
 
-def counts(values) -> dict[str, int]:
-    """How often each value occurs, keyed by its string (finish reasons, for the report)."""
-    found: dict[str, int] = {}
-    for value in values:
-        found[str(value)] = found.get(str(value), 0) + 1
-    return found
-
-
 def run_bench(
     *,
     chats: int = 8,
@@ -632,8 +354,8 @@ def run_bench(
             kv_cache_mb=kv_cache_mb,
             ready_timeout_s=startup_timeout_s,
         ) as server:
-            spec = {"max_tokens": max_tokens, "top_k": top_k, "with_documents": with_documents}
-            site = server.call("bench.chat:prepare_site", spec, timeout=SITE_COMMAND_TIMEOUT_S)
+            spec = site_spec(max_tokens=max_tokens, top_k=top_k, with_documents=with_documents)
+            site = server.call("harness.site:prepare_site", spec, timeout=SITE_TIMEOUT_S)
             setup_s = time.perf_counter() - began
             logger.info("site ready in %.1fs (chat model %s)", setup_s, site["chat_model_action"])
             began = time.perf_counter()
@@ -643,7 +365,7 @@ def run_bench(
                 logger.info("server ready in %.1fs on %s", startup_s, server.url)
                 client = ChatClient(
                     port=server.port,
-                    cookie=f"{site['cookie_name']}={site['session']}",
+                    cookie=f"{site['cookie_name']}={site['sessions'][0]}",
                     profile_id=site["profile_id"],
                     collection_ids=site["collection_ids"],
                     turn_timeout_s=turn_timeout_s,
@@ -660,11 +382,11 @@ def run_bench(
                 server.stop()
                 if database_url:
                     try:
-                        server.call("bench.chat:cleanup_site", site)
+                        server.call("harness.site:cleanup_site", site)
                     except LiveServerError as error:
                         logger.warning("could not remove the bench's rows: %s", error)
     except LiveServerError as error:
-        raise BenchError(str(error)) from None
+        raise CannotRunError(str(error)) from None
 
     model = next((r.stats["model"] for r in results if r.stats), None)
     report = {
@@ -738,40 +460,6 @@ def format_report(report: dict) -> str:
     ]
     lines += [f"error: chat {e['chat']} turn {e['turn']}: {e}" for e in report["error_details"]]
     return "\n".join(lines)
-
-
-def _raise_interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def run_cli(
-    run: Callable[[], dict],
-    *,
-    as_json: bool,
-    format_report: Callable[[dict], str],
-    num_errors: Callable[[dict], int],
-) -> int:
-    """Run a benchmark and print its report (JSON or a table); the exit status.
-
-    0: done, 1: done but requests failed, 2: it could not run (`BenchError`), 130: interrupted
-    (SIGTERM too, so `kill` still stops the benchmark's server).
-    """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        report = run()
-    except BenchError as error:
-        logger.error("%s", error)
-        return 2
-    except KeyboardInterrupt:
-        logger.error("interrupted; the server was stopped")
-        return 130
-    if as_json:
-        json.dump(report, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        sys.stdout.write(format_report(report) + "\n")
-    return 1 if num_errors(report) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

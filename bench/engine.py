@@ -15,110 +15,18 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import sys
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import psutil
 import torch
 
+from bench import optimization_table
+from bench.peak_sampler import mb, peak_rss
+from bench.workload import SMOKE, Seeds, Workload, build_prompts
+
 logger = logging.getLogger(__name__)
-
-# A small English vocabulary for deterministic, prompt-like filler text.
-WORD_TEXT = """
-the of and to in is was for on that with as by at from his her an which or be are this have
-not had but were all one their they has been would she there more when its who will team
-report quarter customer product release server network policy document meeting plan budget
-support access review change process system service data security request update project
-design test deploy issue owner manager office travel expense contract invoice holiday
-training onboarding laptop account password backup storage database cache latency
-"""
-WORDS = tuple(WORD_TEXT.split())
-
-
-@dataclass(slots=True)
-class Workload:
-    system_tokens: int = 1000
-    user_tokens: int = 250
-    output_tokens: int = 64
-    concurrency: tuple[int, ...] = (1, 8, 32)
-
-
-SMOKE = Workload(system_tokens=48, user_tokens=16, output_tokens=4, concurrency=(1, 2))
-
-
-@dataclass(slots=True)
-class PeakSampler:
-    """Samples `read()` in a thread while a phase runs and keeps the largest value."""
-
-    read: Callable[[], float]
-    interval_s: float = 0.05
-    peak: float = 0.0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> PeakSampler:
-        def sample() -> None:
-            while not self._stop.is_set():
-                self.peak = max(self.peak, self.read())
-                self._stop.wait(self.interval_s)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
-def peak_rss() -> PeakSampler:
-    """This process's peak resident memory in bytes, as `.peak`."""
-    process = psutil.Process()
-    return PeakSampler(lambda: process.memory_info().rss)
-
-
-def mb(num_bytes: float) -> float:
-    return round(num_bytes / 2**20, 1)
-
-
-def text_of_tokens(tokenizer, num_tokens: int, seed: int) -> str:
-    """Deterministic English-like text of about `num_tokens` tokens."""
-    rng = random.Random(seed)
-    words: list[str] = []
-    while len(tokenizer.encode(" ".join(words), add_special_tokens=False)) < num_tokens:
-        words.extend(rng.choice(WORDS) for _ in range(max(8, (num_tokens - len(words)) // 2)))
-    ids = tokenizer.encode(" ".join(words), add_special_tokens=False)[:num_tokens]
-    return tokenizer.decode(ids)
-
-
-def build_prompts(
-    tokenizer, workload: Workload, num_prompts: int, first_seed: int
-) -> list[list[int]]:
-    system = text_of_tokens(tokenizer, workload.system_tokens, seed=0)
-    prompts = []
-    for index in range(num_prompts):
-        user = text_of_tokens(tokenizer, workload.user_tokens, seed=first_seed + index)
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-    return prompts
-
-
-class Seeds:
-    """Hands out fresh user-turn seeds so no two measured requests share a user turn."""
-
-    def __init__(self) -> None:
-        self.next_seed = 1
-
-    def take(self, count: int) -> int:
-        first, self.next_seed = self.next_seed, self.next_seed + count
-        return first
 
 
 def bench_hf(
@@ -260,7 +168,18 @@ def main(argv: list[str] | None = None) -> dict:
 
     model_dir = args.model_dir or resolve_chat_model(None, args.models_dir).directory
     if args.table:
-        return table_main(args, model_dir, argv)
+        command = "python -m bench.engine " + " ".join(sys.argv[1:] if argv is None else argv)
+        table = optimization_table.write_table(
+            model_dir,
+            smoke=args.smoke,
+            kv_cache_mb=args.kv_cache_mb,
+            out=args.out,
+            chart=args.chart,
+            command=command.strip(),
+        )
+        json.dump(table, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        return table
     workload = SMOKE if args.smoke else Workload()
     seeds = Seeds()
     result: dict = {"workload": {
@@ -278,30 +197,6 @@ def main(argv: list[str] | None = None) -> dict:
     json.dump(result, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return result
-
-
-def table_main(args: argparse.Namespace, model_dir: Path, argv: list[str] | None) -> dict:
-    from transformers import AutoTokenizer
-
-    from bench import optimization_table
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    workload = optimization_table.SMOKE_TABLE if args.smoke else optimization_table.TableWorkload()
-    table = optimization_table.build_table(
-        model_dir, tokenizer, workload, kv_cache_mb=args.kv_cache_mb
-    )
-    command = "python -m bench.engine " + " ".join(sys.argv[1:] if argv is None else argv)
-    optimization_table.render_chart(table, args.chart)
-    chart_name = (
-        str(args.chart.relative_to(args.out.parent))
-        if args.chart.is_relative_to(args.out.parent)
-        else str(args.chart)
-    )
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(optimization_table.render_markdown(table, command.strip(), chart_name))
-    json.dump(table, sys.stdout, indent=2)
-    sys.stdout.write("\n")
-    return table
 
 
 if __name__ == "__main__":

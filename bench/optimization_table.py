@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from bench.peak_sampler import PeakSampler
+from bench.workload import Seeds, Workload, build_prompts
 from inference.torch_threads import run_on_short_lived_thread
 
 logger = logging.getLogger(__name__)
@@ -95,7 +97,6 @@ def engine_config(model_dir: Path, workload: TableWorkload, settings: dict, kv_c
 def measure_row(
     model_dir: Path, row: TableRow, workload: TableWorkload, prompts: dict, kv_cache_mb: int
 ) -> dict:
-    from bench.engine import PeakSampler
     from inference.engine import Engine, SamplingParams, model_weight_bytes
 
     params = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
@@ -127,18 +128,19 @@ def measure_row(
 def quality(model_dir: Path, token_ids: list[int], settings: dict) -> float:
     """Perplexity of the row's weight and KV formats (on a thread of its own: see torch_threads)."""
     from bench.perplexity import perplexity
-    from inference.engine import ModelRunner
+    from inference.engine import EngineConfig, ModelRunner
 
     def run() -> float:
-        runner = ModelRunner(
+        config = EngineConfig(
             model_dir,
             dtype=torch.bfloat16,
-            kv_cache_bytes=64 * 2**20,
+            kv_cache_mb=64,
             block_size=16,
             max_model_len=1024,
             quantization=settings.get("quantization", "none"),
             kv_cache_dtype=settings.get("kv_cache_dtype", "auto"),
         )
+        runner = ModelRunner(config)
         return perplexity(runner, token_ids, window=1024, chunk=256)
 
     return run_on_short_lived_thread(run)
@@ -197,8 +199,6 @@ def build_table(
     kv_cache_mb: int = 1024,
     rows: tuple[TableRow, ...] = ROWS,
 ) -> dict:
-    from bench.engine import Seeds, Workload, build_prompts
-
     prompt_workload = Workload(
         system_tokens=workload.system_tokens, user_tokens=workload.user_tokens
     )
@@ -256,6 +256,25 @@ def build_table(
         "rows": measured,
         "speculative_extractive": speculative,
     }
+
+
+def write_table(
+    model_dir: Path, *, smoke: bool, kv_cache_mb: int, out: Path, chart: Path, command: str
+) -> dict:
+    """Measure the table (`SMOKE_TABLE` sizes if `smoke`), write it to `out` and its chart to
+    `chart` (linked from `out` by a relative path where it can be); the table."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    workload = SMOKE_TABLE if smoke else TableWorkload()
+    table = build_table(model_dir, tokenizer, workload, kv_cache_mb=kv_cache_mb)
+    render_chart(table, chart)
+    chart_name = (
+        str(chart.relative_to(out.parent)) if chart.is_relative_to(out.parent) else str(chart)
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render_markdown(table, command, chart_name))
+    return table
 
 
 def _ratio(value: float, reference: float) -> float:

@@ -158,7 +158,9 @@ def run_bench(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.retrieval", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--json", action="store_true", help="print JSON (the only output form)")
     parser.add_argument("--chunks", type=int, default=10_000)
     parser.add_argument("--unique", type=int, default=1_000, help="passages actually embedded")

@@ -1,16 +1,15 @@
-"""What the reliability suites share: the server's setup, engine state, clients, checks, the CLI.
+"""What the reliability suites share: the server's start, engine state, API client, checks, CLI.
 
-A suite starts a `LiveServer`, sets it up with `prepare_site` (run in the server's own Django
-shell: an active model configuration, users with sessions, an assistant profile, an API key),
-drives it with the clients here (`ChatSocket` from `bench.chat` for `/ws/chat/`, the official
-`openai` client for `/v1`), and reads the engine's state from `/metrics`. Its report holds a list
-of checks (`check()`); the process exits with status 1 when any of them failed.
+A suite starts a `LiveServer`, sets it up with `harness.site.prepare_site` (run in the server's
+own Django shell: an active model configuration, users with sessions, an assistant profile, an API
+key), drives it (`harness.chat_client` for `/ws/chat/`, the official `openai` client for `/v1`,
+through `api_chat` here), and reads the engine's state from `/metrics`. Its report holds a list of
+checks (`check()`); the process exits with status 1 when any of them failed.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import time
@@ -19,17 +18,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from bench.chat import ChatSocket, run_cli
-from harness.live_server import LiveServer
+from harness import SITE_TIMEOUT_S, LiveServer, run_cli
 
 logger = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
-# The API key's limits: far above what a suite uses, so no request is refused for them.
-KEY_REQUESTS_PER_MINUTE = 1_000_000
-KEY_TOKENS_PER_MINUTE = 1_000_000_000
 MAX_DETAILS = 10  # mismatches, errors... listed in a report
-SITE_TIMEOUT_S = 900.0  # includes converting the bundled chat model on a fresh clone
 SYSTEM_PROMPT = "You are a helpful assistant. Answer in one or two short sentences."
 QUESTIONS = (
     "What is the capital of France?",
@@ -57,97 +50,17 @@ def question(index: int, iteration: int) -> str:
     return f"(client {index + 1}, question {iteration + 1}) {text}"
 
 
-# --- The site (run by `LiveServer.call`, in a Django shell of the server's settings) ---
-
-
-def prepare_site(spec: dict) -> dict:
-    """An active model configuration, users with sessions, a profile and an API key.
-
-    `spec`: `model_config` (ModelConfig fields; `kv_cache_mb: "min"` takes the smallest budget
-    that holds one `max_model_len` sequence), `users` (how many, each with a logged-in session),
-    `profile` (AssistantProfile sampling fields and `system_prompt`). Returns the sessions, the
-    profile's id, the raw API key, the served model's name and the KV cache's size.
-
-    NOTE: runs in the server's Django shell (`LiveServer.call`), not in the suite's process.
-    """
-    import secrets
-
-    from django.conf import settings
-    from django.contrib.auth.models import User
-    from django.test import Client
-
-    from api.models import ApiKey
-    from chat.models import AssistantProfile
-    from inference.engine import KVCacheSpec, parse_dtype
-    from inference.model_files import resolve_chat_model, resolve_embedding_model
-    from inference.models import ModelConfig
-    from inference.runtime import served_model_name
-
-    # NOTE: converts the bundled GGUF once on a fresh clone, into the shared models cache.
-    chat_model = resolve_chat_model(settings.CACHET_MODEL, settings.MODELS_DIR)
-    resolve_embedding_model(settings.CACHET_EMBEDDING_MODEL)
-    hf_config = json.loads((chat_model.directory / "config.json").read_text())
-
-    fields = dict(spec.get("model_config") or {})
-    config = ModelConfig(name=f"reliability-{secrets.token_hex(3)}")
-    for name, value in fields.items():
-        if name != "kv_cache_mb":
-            setattr(config, name, value)
-    min_mb = config.min_kv_cache_mb(hf_config)
-    kv_mb = fields.get("kv_cache_mb", config.kv_cache_mb)
-    config.kv_cache_mb = min_mb if kv_mb == "min" else int(kv_mb)
-    config.full_clean()  # refuses what the engine could not load, with the reason
-    config.activate()
-
-    num_heads = hf_config["num_attention_heads"]
-    kv_spec = KVCacheSpec(
-        num_layers=hf_config["num_hidden_layers"],
-        num_kv_heads=hf_config.get("num_key_value_heads") or num_heads,
-        head_dim=hf_config.get("head_dim") or hf_config["hidden_size"] // num_heads,
-        block_size=config.block_size,
-        dtype=parse_dtype(config.dtype),
-    )
-    num_blocks = config.kv_cache_mb * 2**20 // kv_spec.bytes_per_block
-
-    token = secrets.token_hex(3)
-    sessions = []
-    for index in range(spec.get("users", 1)):
-        user = User.objects.create_user(f"reliability-{token}-{index}", first_name="Sam")
-        client = Client()
-        client.force_login(user)
-        sessions.append(client.cookies[settings.SESSION_COOKIE_NAME].value)
-    profile_fields = {"system_prompt": SYSTEM_PROMPT, **(spec.get("profile") or {})}
-    profile = AssistantProfile.objects.create(name=f"Reliability {token}", **profile_fields)
-    api_user = User.objects.create_user(f"reliability-api-{token}")
-    _, raw_key = ApiKey.create_for(
-        api_user,
-        "reliability",
-        requests_per_minute=KEY_REQUESTS_PER_MINUTE,
-        tokens_per_minute=KEY_TOKENS_PER_MINUTE,
-    )
-    return {
-        "cookie_name": settings.SESSION_COOKIE_NAME,
-        "sessions": sessions,
-        "profile_id": profile.pk,
-        "api_key": raw_key,
-        "model": served_model_name(config),
-        "model_config": {
-            "dtype": config.dtype,
-            "max_model_len": config.max_model_len,
-            "kv_cache_mb": config.kv_cache_mb,
-            "min_kv_cache_mb": min_mb,
-            "block_size": config.block_size,
-            "max_num_seqs": config.max_num_seqs,
-            "max_num_batched_tokens": config.max_num_batched_tokens,
-        },
-        "kv_blocks": num_blocks,
-        "kv_tokens": num_blocks * config.block_size,
-    }
-
-
 def start_server(server: LiveServer, spec: dict, *, startup_timeout_s: float | None = None) -> dict:
-    """`prepare_site(spec)` on the server's database, then start it; the site's description."""
-    site = server.call("reliability.common:prepare_site", spec, timeout=SITE_TIMEOUT_S)
+    """Set up the site `spec` asks for on the server's database, then start it; the site.
+
+    `spec`: `model_config` (ModelConfig fields), `users` (how many, each with a session) and
+    `profile` (AssistantProfile fields; the system prompt defaults to `SYSTEM_PROMPT`), as
+    `harness.site.prepare_site` takes them; every suite gets an API key.
+    """
+    profile = {"system_prompt": SYSTEM_PROMPT, **(spec.get("profile") or {})}
+    spec = {**spec, "label": "reliability", "user": {"first_name": "Sam"}, "profile": profile}
+    spec["api_key"] = True
+    site = server.call("harness.site:prepare_site", spec, timeout=SITE_TIMEOUT_S)
     began = time.perf_counter()
     server.start(timeout_s=startup_timeout_s)
     site["startup_s"] = round(time.perf_counter() - began, 2)
@@ -251,57 +164,7 @@ def healthz(server: LiveServer) -> str:
         return f"unreachable: {error}"
 
 
-# --- Clients ---
-
-
-async def open_chat(port: int, cookie: str, timeout_s: float = 30.0) -> ChatSocket:
-    """A chat socket logged in with `cookie` ("sessionid=...")."""
-    headers = {"Origin": f"http://{HOST}:{port}", "Cookie": cookie}
-    return await asyncio.wait_for(ChatSocket.connect(port, "/ws/chat/", headers), timeout_s)
-
-
-@dataclass(slots=True)
-class ChatReply:
-    """What one `message` or `regenerate` frame got back."""
-
-    text: str = ""  # the `token` frames, concatenated
-    token_frames: int = 0
-    conversation: int | None = None
-    message: dict | None = None  # the saved answer, from `done`
-    error: dict | None = None  # an `error` frame, a closed socket or a timeout
-
-    @property
-    def saved_text(self) -> str | None:
-        return None if self.message is None else self.message["content"]
-
-    @property
-    def stats(self) -> dict:
-        return (self.message or {}).get("stats") or {}
-
-
-async def chat_exchange(sock: ChatSocket, frame: dict, timeout_s: float) -> ChatReply:
-    """Send `frame` and read until `done` or `error` (or the socket closes, or `timeout_s`)."""
-    reply = ChatReply(conversation=frame.get("conversation"))
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    sock.send_json(frame)
-    parts: list[str] = []
-    while True:
-        item = await sock.next_frame(deadline, timeout_s)
-        kind = item.get("type")
-        if kind == "token":
-            parts.append(item["text"])
-            reply.token_frames += 1
-        elif kind == "start":
-            reply.conversation = item["conversation"]["id"]
-        elif kind == "done":
-            reply.message = item["message"]
-            break
-        elif kind == "error":
-            reply.error = {"code": item.get("code"), "message": item.get("message")}
-            break
-    reply.text = "".join(parts)
-    return reply
+# --- The API client ---
 
 
 @dataclass(slots=True)

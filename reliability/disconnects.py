@@ -31,21 +31,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chat import CLOSED, BenchError, ChatSocket
-from harness.live_server import LiveServer, LiveServerError, default_models_dir
+from harness import (
+    CLOSED,
+    CannotRunError,
+    ChatSocket,
+    LiveServer,
+    LiveServerError,
+    chat_exchange,
+    default_models_dir,
+    open_chat,
+)
+from harness.chat_socket import HOST
 from reliability.common import (
-    HOST,
     MAX_DETAILS,
     SYSTEM_PROMPT,
     Common,
     api_chat,
     api_client,
-    chat_exchange,
     check,
     config_report,
     engine_state,
     healthz,
-    open_chat,
     question,
     run_suite,
     server_report,
@@ -335,14 +341,14 @@ def run_disconnects(config: Disconnects, common: Common | None = None) -> dict:
             site = start_server(server, spec)
             before = engine_state(server)
             if before is None:
-                raise BenchError("could not read /metrics")
+                raise CannotRunError("could not read /metrics")
             result = asyncio.run(drive(server, site, config, common.seed))
             health = healthz(server)
             alive = server.pid is not None
             final = engine_state(server)
             log_tail = server.log_tail()
     except LiveServerError as error:
-        raise BenchError(str(error)) from None
+        raise CannotRunError(str(error)) from None
     report = build_report(config, common, site, result, before, final, health, alive)
     report["wall_s"] = round(time.perf_counter() - began, 1)
     if any(not item["ok"] for item in report["checks"]):

@@ -28,8 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chat import BenchError
-from harness.live_server import LiveServer, LiveServerError, default_models_dir
+from harness import CannotRunError, LiveServer, LiveServerError, default_models_dir
 from reliability.common import (
     MAX_DETAILS,
     ApiReply,
@@ -174,13 +173,13 @@ def run_pressure(pressure: Pressure, common: Common | None = None) -> dict:
             site = start_server(server, spec)
             before = engine_state(server)
             if before is None:
-                raise BenchError("could not read /metrics")
+                raise CannotRunError("could not read /metrics")
             result = asyncio.run(drive(server, site, pressure, common.seed))
             after, waited_s = wait_for_idle(server, IDLE_TIMEOUT_S)
             health = healthz(server)
             log_tail = server.log_tail()
     except LiveServerError as error:
-        raise BenchError(str(error)) from None
+        raise CannotRunError(str(error)) from None
     report = build_report(pressure, common, site, result, before, after, waited_s, health)
     report["wall_s"] = round(time.perf_counter() - began, 1)
     if any(not item["ok"] for item in report["checks"]):

@@ -33,20 +33,24 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.chat import BenchError
-from harness.live_server import LiveServer, LiveServerError, default_models_dir
+from harness import (
+    CannotRunError,
+    ChatReply,
+    LiveServer,
+    LiveServerError,
+    chat_exchange,
+    default_models_dir,
+    open_chat,
+)
 from reliability.common import (
     MAX_DETAILS,
     SYSTEM_PROMPT,
-    ChatReply,
     Common,
     api_chat,
     api_client,
-    chat_exchange,
     check,
     config_report,
     first_difference,
-    open_chat,
     question,
     rss_mb,
     run_suite,
@@ -291,12 +295,12 @@ async def warm_up(ctx: Context) -> None:
     finally:
         await sock.close()
     if reply.error is not None:
-        raise BenchError(f"the warm-up chat turn failed: {reply.error}")
+        raise CannotRunError(f"the warm-up chat turn failed: {reply.error}")
     answer = await api_chat(
         ctx.client, ctx.site["model"], api_messages("Hello!"), stream=True, **ctx.api_params(1)
     )
     if answer.error is not None:
-        raise BenchError(f"the warm-up API request failed: {answer.error}")
+        raise CannotRunError(f"the warm-up API request failed: {answer.error}")
 
 
 # --- Twins ---
@@ -485,7 +489,7 @@ def run_load(load: Load, common: Common | None = None) -> dict:
             final_rss = rss_mb(server.pid)
             log_tail = server.log_tail()
     except LiveServerError as error:
-        raise BenchError(str(error)) from None
+        raise CannotRunError(str(error)) from None
     report = build_report(load, common, site, result, final, final_wait_s, final_rss)
     report["wall_s"] = round(time.perf_counter() - began, 1)
     if num_failed_checks(report):

@@ -1,5 +1,4 @@
 """bench.retrieval: the latency harness runs end to end at smoke sizes."""
-# ruff: noqa: F811 - the `retriever` fixture is imported by name
 
 from __future__ import annotations
 
@@ -9,7 +8,6 @@ import random
 import pytest
 
 from bench.retrieval import load_texts, perturb, run_bench
-from tests.retrieval_fixtures import retriever  # noqa: F401
 
 
 @pytest.mark.django_db

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.chat import CLOSED, ChatSocket
-from harness.live_server import REPO_DIR, LiveServer
+from harness import CLOSED, ChatSocket, LiveServer
+from harness.live_server import REPO_DIR
 
 SETUP = """
 from django.contrib.auth.models import User

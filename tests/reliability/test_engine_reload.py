@@ -31,13 +31,12 @@ from django.contrib.auth.models import User
 from django.test import AsyncClient
 
 from api.models import ApiKey
-from bench.chat import ChatClient, TurnResult
-from harness.live_server import LiveServer
+from harness import ChatClient, LiveServer, TurnResult
 from inference import runtime
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.outputs import EngineClosedError
 from inference.models import ModelConfig
-from tests.reliability_helpers import wait_for
+from tests.reliability.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +52,8 @@ config = ModelConfig.objects.create(name="small-batch", max_num_seqs=4, kv_cache
 _, key = ApiKey.create_for(admin, "load", requests_per_minute=100000, tokens_per_minute=10**9)
 print(config.pk, key)
 """
-SITE = {"max_tokens": 48, "top_k": 3, "with_documents": False}
+# A chat user and a greedy profile (harness.site), for the socket turn across the swap.
+SITE = {"label": "reload", "profile": {"temperature": 0.0, "max_tokens": 48, "search_top_k": 3}}
 LONG_TOKENS = 192  # the streams in flight across the swap
 SHORT_TOKENS = 8  # the steady stream of requests around it
 IN_FLIGHT = 3
@@ -132,7 +132,7 @@ def live(chat_model_dir):
     # down many times over, and what runs must finish within the old engine's drain period.
     with LiveServer(models_dir=chat_model_dir.parent, torch_threads=1) as server:
         server.config_id, server.key = server.shell(SETUP).split()
-        server.site = server.call("bench.chat:prepare_site", SITE)
+        server.site = server.call("harness.site:prepare_site", SITE)
         server.start()
         yield server
 
@@ -154,7 +154,7 @@ def test_an_engine_reload_under_load_finishes_what_runs_and_serves_the_rest(live
 
     site = live.site
     chat = ChatClient(
-        live.port, f"{site['cookie_name']}={site['session']}", site["profile_id"], [], 300
+        live.port, f"{site['cookie_name']}={site['sessions'][0]}", site["profile_id"], [], 300
     )
     socket_result = TurnResult(0, 1)
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import LiveServer
-from tests.reliability_helpers import big_document, index_ids, wait_for
+from harness import LiveServer
+from tests.reliability.helpers import big_document, index_ids, wait_for
 
 pytestmark = pytest.mark.slow
 

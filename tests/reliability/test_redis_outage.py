@@ -25,9 +25,8 @@ import uuid
 
 import pytest
 
-from bench.chat import CLOSED, ChatClient, ChatSocket, TurnResult
-from harness.live_server import LiveServer
-from tests.reliability_helpers import ThrowawayRedis, wait_for
+from harness import CLOSED, ChatClient, ChatSocket, LiveServer, TurnResult
+from tests.reliability.helpers import ThrowawayRedis, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +49,8 @@ client = Client()
 client.force_login(staff)
 print(collection.pk, document.pk, key, client.cookies["sessionid"].value)
 """
-SITE = {"max_tokens": 8, "top_k": 3, "with_documents": False}
+# A chat user and a greedy profile (harness.site), for the turns around the outage.
+SITE = {"label": "outage", "profile": {"temperature": 0.0, "max_tokens": 8, "search_top_k": 3}}
 # Longer than redis-py's default read timeout (5 s), which the channel layer's waits hit.
 IDLE_S = 7.0
 HEALTH_LIMIT_S = 5.0
@@ -150,7 +150,7 @@ def live(chat_model_dir, redis_server):
     server_options = {"redis_url": redis_server.url, "torch_threads": 1}
     with LiveServer(models_dir=chat_model_dir.parent, **server_options) as server:
         server.setup = server.shell(SETUP).split()
-        server.site = server.call("bench.chat:prepare_site", SITE)
+        server.site = server.call("harness.site:prepare_site", SITE)
         server.start()
         yield server
 
@@ -162,7 +162,7 @@ async def test_a_redis_outage_gives_clear_errors_and_recovers_without_a_restart(
     staff_cookie = f"sessionid={staff_session}"
     site = live.site
     chat = ChatClient(
-        live.port, f"{site['cookie_name']}={site['session']}", site["profile_id"], [],
+        live.port, f"{site['cookie_name']}={site['sessions'][0]}", site["profile_id"], [],
         TURN_TIMEOUT_S,
     )  # fmt: skip
 

@@ -32,9 +32,9 @@ import pytest
 from django.conf import settings as django_settings
 from django.core.files.base import ContentFile
 
-from harness.live_server import LiveServer
+from harness import LiveServer
 from retrieval.models import Chunk, Collection, Document
-from tests.reliability_helpers import (
+from tests.reliability.helpers import (
     ThrowawayRedis,
     big_document,
     clean_chunk_texts,
