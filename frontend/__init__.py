@@ -1,1 +1,1 @@
-"""The frontend app: the browser chat UI and its WebSocket consumer."""
+"""The browser UI: the chat page and its ES modules, log-in, a document's text (no build step)."""

@@ -1,22 +1,31 @@
 """The browser UI end to end: headless Chromium against a real server process and the real model.
 
 Log in, ask about an ingested document, see the dots, then streamed text, then the sources; stop
-works mid-answer; a second user cannot open the first user's chat. Screenshots are saved under
-CACHET_TEST_ARTIFACTS (default var/test-artifacts) as test artifacts.
+works mid-answer; a second user cannot open the first user's chat. The server runs as `make run`
+does: DEBUG off, static files collected and served by their hashed names. Every page a test opens
+is watched: an uncaught JavaScript error, a console error or a static file that fails to load
+fails the test. Screenshots are saved under CACHET_TEST_ARTIFACTS (default var/test-artifacts) as
+test artifacts.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 import pytest
 
+import frontend
 from harness.live_server import LiveServer
 
 pytestmark = pytest.mark.slow
 
 CHROMIUM = Path("/usr/bin/chromium")
+CHAT_MODULES_DIR = Path(frontend.__file__).parent / "static" / "frontend" / "chat"
+CHAT_MODULES_URL = "/static/frontend/chat/"
+HASHED_MODULE = re.compile(r"\.[0-9a-f]{12}\.js$")
 ARTIFACTS_DIR = Path(os.environ.get("CACHET_TEST_ARTIFACTS", "var/test-artifacts"))
 HANDBOOK = (
     "# Staff handbook\n\n## Leave\nEvery employee gets thirty days of paid holiday each year. "
@@ -48,7 +57,8 @@ TIMEOUT_MS = 90_000
 
 @pytest.fixture(scope="module")
 def server(chat_model_dir):
-    with LiveServer(models_dir=chat_model_dir.parent) as live:
+    # NOTE: CACHET_DEBUG=0 as `make run`: the pages load the hashed modules `collectstatic` wrote.
+    with LiveServer(models_dir=chat_model_dir.parent, env={"CACHET_DEBUG": "0"}) as live:
         live.shell(SETUP)
         live.start()
         yield live
@@ -70,18 +80,54 @@ def browser():
         browser.close()
 
 
-def log_in(browser, server, username: str, password: str, **context_options):
-    context = browser.new_context(**context_options)
-    page = context.new_page()
-    page.set_default_timeout(TIMEOUT_MS)
-    page.goto(f"{server.url}/")
-    assert page.url.startswith(f"{server.url}/login/")
-    page.fill("#id_username", username)
-    page.fill("#id_password", password)
-    page.click("button[type=submit]")
-    page.wait_for_url(f"{server.url}/")
-    page.wait_for_selector("#connection-status", state="attached")
-    return page
+def watch_for_errors(context, errors: list[str]) -> None:
+    """Collect into `errors` what goes wrong in the pages of `context`, as the browser says."""
+    context.on("weberror", lambda error: errors.append(f"uncaught: {error.error}"))
+
+    def on_console(message) -> None:
+        # NOTE: a page the test expects to fail (bob's 404) logs "Failed to load resource";
+        # static files are checked by status below instead.
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            errors.append(f"console: {message.text}")
+
+    def on_response(response) -> None:
+        if "/static/" in response.url and response.status >= 400:
+            errors.append(f"static file {response.url}: {response.status}")
+
+    def on_request_failed(request) -> None:
+        # NOTE: a request cut short by leaving the page (net::ERR_ABORTED) is no error.
+        if "/static/" in request.url and "ERR_ABORTED" not in (request.failure or ""):
+            errors.append(f"static file {request.url}: {request.failure}")
+
+    context.on("console", on_console)
+    context.on("response", on_response)
+    context.on("requestfailed", on_request_failed)
+
+
+@pytest.fixture
+def log_in(browser, server):
+    """`log_in(username, password, **context_options)`: a page on the chat, in a new context.
+
+    The test fails if any page it opened reported an error (see `watch_for_errors`).
+    """
+    errors: list[str] = []
+
+    def log_in_as(username: str, password: str, **context_options):
+        context = browser.new_context(**context_options)
+        watch_for_errors(context, errors)
+        page = context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        page.goto(f"{server.url}/")
+        assert page.url.startswith(f"{server.url}/login/")
+        page.fill("#id_username", username)
+        page.fill("#id_password", password)
+        page.click("button[type=submit]")
+        page.wait_for_url(f"{server.url}/")
+        page.wait_for_selector("#connection-status", state="attached")
+        return page
+
+    yield log_in_as
+    assert not errors, "the browser reported errors:\n" + "\n".join(errors)
 
 
 def screenshot(page, name: str) -> None:
@@ -107,9 +153,9 @@ def send(page, text: str) -> None:
 
 
 def test_a_user_asks_about_a_document_and_sees_dots_then_streamed_text_then_sources(
-    browser, server
+    server, log_in
 ) -> None:
-    page = log_in(browser, server, "alice", "alice-secret-pw")
+    page = log_in("alice", "alice-secret-pw")
     page.evaluate(RECORD_STREAM)
     question = "How many days of paid holiday does an employee get?"
     send(page, question)
@@ -145,10 +191,19 @@ def test_a_user_asks_about_a_document_and_sees_dots_then_streamed_text_then_sour
     page.context.close()
 
 
-def test_stop_ends_the_answer_mid_stream_and_keeps_what_was_written(browser, server) -> None:
-    page = log_in(
-        browser, server, "alice", "alice-secret-pw", viewport={"width": 375, "height": 740}
-    )
+def test_the_chat_page_runs_on_the_hashed_modules_that_collectstatic_wrote(log_in) -> None:
+    page = log_in("alice", "alice-secret-pw")
+    page.wait_for_selector('#connection-status[data-state="open"]', state="attached")
+    loaded = page.evaluate("performance.getEntriesByType('resource').map((entry) => entry.name)")
+    modules = [PurePosixPath(urlsplit(url).path).name for url in loaded if CHAT_MODULES_URL in url]
+    assert modules and all(HASHED_MODULE.search(name) for name in modules), modules
+    unhashed = sorted(HASHED_MODULE.sub(".js", name) for name in modules)
+    assert unhashed == sorted(path.name for path in CHAT_MODULES_DIR.glob("*.js"))
+    page.context.close()
+
+
+def test_stop_ends_the_answer_mid_stream_and_keeps_what_was_written(log_in) -> None:
+    page = log_in("alice", "alice-secret-pw", viewport={"width": 375, "height": 740})
     send(page, "Write a long, detailed story about a lighthouse keeper and the sea.")
     page.wait_for_function(
         "() => { const c = document.querySelectorAll('.message.assistant .content');"
@@ -167,15 +222,15 @@ def test_stop_ends_the_answer_mid_stream_and_keeps_what_was_written(browser, ser
     page.context.close()
 
 
-def test_a_second_user_cannot_open_the_first_users_chat(browser, server) -> None:
-    alice = log_in(browser, server, "alice", "alice-secret-pw")
+def test_a_second_user_cannot_open_the_first_users_chat(server, log_in) -> None:
+    alice = log_in("alice", "alice-secret-pw")
     alice.wait_for_selector("#conversation-list li[data-conversation-id]")
     conversation_id = alice.get_attribute(
         "#conversation-list li[data-conversation-id]", "data-conversation-id"
     )
     alice.context.close()
 
-    bob = log_in(browser, server, "bob", "bob-secret-pw")
+    bob = log_in("bob", "bob-secret-pw")
     bob.wait_for_load_state("networkidle")  # the sidebar's list has loaded
     assert bob.locator("#conversation-list li[data-conversation-id]").count() == 0
     response = bob.goto(f"{server.url}/c/{conversation_id}/")
@@ -185,8 +240,8 @@ def test_a_second_user_cannot_open_the_first_users_chat(browser, server) -> None
     bob.context.close()
 
 
-def test_staff_upload_a_document_and_watch_it_become_ready(browser, server, tmp_path) -> None:
-    page = log_in(browser, server, "carol", "carol-secret-pw")
+def test_staff_upload_a_document_and_watch_it_become_ready(log_in, tmp_path) -> None:
+    page = log_in("carol", "carol-secret-pw")
     notes = tmp_path / "office-notes.md"
     notes.write_text("# Office\n\nThe office kitchen is cleaned every Friday afternoon.\n")
     page.click("#upload-details > summary")
