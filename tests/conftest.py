@@ -1,69 +1,54 @@
-"""Shared fixtures. Models come from the real packaged files (HF_HUB_OFFLINE=1 in the suite)."""
+"""Fixtures shared by several test folders; a folder's own fixtures are in its conftest.py.
+
+Models come from the real packaged files (tests/settings.py sets HF_HUB_OFFLINE=1). Plain helpers
+live in modules named after what they define (tests/documents.py, tests/remote_cachet.py, ...).
+Django is set up before this module is imported: pytest-django loads the settings first.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
+import torch
+from django.conf import settings as django_settings
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import retrieval.search as search_module
+from inference import runtime
+from inference.model_files import resolve_chat_model, resolve_embedding_model
+from inference.models import ModelConfig
+from tests.remote_cachet import start_remote_cachet
+from tests.tiny_models import save_tiny_model
+
+FLOAT32_CONFIG_NAME = "tests-float32"
+
+
+# ---- models ----
 
 
 @pytest.fixture(scope="session")
 def chat_model_dir() -> Path:
     """The bundled SmolLM2-135M-Instruct, converted once into the models cache of the data dir."""
-    from django.conf import settings
-
-    from inference.model_files import resolve_chat_model
-
-    return resolve_chat_model(None, Path(settings.MODELS_DIR)).directory
-
-
-@pytest.fixture(scope="session")
-def real_tokenizer(chat_model_dir):
-    """The bundled chat model's tokenizer."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(chat_model_dir))
+    return resolve_chat_model(None, Path(django_settings.MODELS_DIR)).directory
 
 
 @pytest.fixture(scope="session")
 def embedding_model_dir() -> Path:
-    from inference.model_files import resolve_embedding_model
-
+    """The bundled sentence-transformers embedding model."""
     return resolve_embedding_model(None).directory
 
 
-# NOTE: tiny randomly initialised checkpoints for engine tests that must not depend on the real
-# model. initializer_range is larger than the default so greedy choices are not near-ties.
-TINY_MODEL_CONFIGS = {
-    "qwen2": {
-        "model_type": "qwen2",  # q/k/v biases, untied lm_head
-        "tie_word_embeddings": False,
-    },
-    "llama": {
-        "model_type": "llama",  # tied embeddings, llama3 RoPE, all biases, explicit head_dim
-        "tie_word_embeddings": True,
-        "head_dim": 32,
-        "attention_bias": True,
-        "mlp_bias": True,
-        "rope_parameters": {
-            "rope_type": "llama3",
-            "rope_theta": 500000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        },
-    },
-    "mistral": {
-        "model_type": "mistral",  # linear RoPE scaling
-        "tie_word_embeddings": False,
-        "sliding_window": None,
-        "rope_parameters": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
-    },
-}
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: `tiny_model_dir("qwen2")` -> directory of a saved 2-layer random model."""
+    made: dict[str, Path] = {}
+
+    def make(kind: str) -> Path:
+        if kind not in made:
+            made[kind] = save_tiny_model(kind, tmp_path_factory.mktemp(f"tiny-{kind}"))
+        return made[kind]
+
+    return make
 
 
 @pytest.fixture(scope="module")
@@ -73,47 +58,44 @@ def one_torch_thread():
     NOTE: the test machines are 2 shared cores; two OpenMP threads stall badly whenever a
     neighbour holds a core, and these tests are about outputs, not speed.
     """
-    import torch
-
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
 
 
+# ---- the process's engine and retriever ----
+
+
+@pytest.fixture
+def served_engine(chat_model_dir, transactional_db):
+    """The runtime's engine on the default model in float32, loaded once and kept between tests.
+
+    float32, because tests compare streamed answers with non-streamed ones token for token; in
+    bf16 a cold prefill and a cache hit round differently and sampled answers may part ways.
+    """
+    status = runtime.engine_status()
+    if status["status"] != "ready" or status["config"] != FLOAT32_CONFIG_NAME:
+        runtime.stop_engine()
+        runtime.reload_engine(ModelConfig(name=FLOAT32_CONFIG_NAME, dtype="float32"), wait=True)
+    return runtime.get_engine()
+
+
+@pytest.fixture
+def retriever(settings, tmp_path: Path):
+    """The process retriever, rebuilt on a fresh data dir (real embedder, real faiss)."""
+    settings.DATA_DIR = tmp_path
+    settings.MEDIA_ROOT = tmp_path / "media"
+    search_module._retriever = None
+    yield search_module.get_retriever()
+    search_module._retriever = None
+
+
+# ---- a remote backend ----
+
+
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    """Factory: `tiny_model_dir("qwen2")` -> directory of a saved 2-layer random model."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    made: dict[str, Path] = {}
-
-    def make(kind: str) -> Path:
-        if kind not in made:
-            options = dict(TINY_MODEL_CONFIGS[kind])
-            config = AutoConfig.for_model(
-                options.pop("model_type"),
-                vocab_size=256,
-                hidden_size=64,
-                intermediate_size=128,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                num_key_value_heads=2,
-                max_position_embeddings=512,
-                initializer_range=0.1,
-                **options,
-            )
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(config)
-            with torch.no_grad():
-                # NOTE: non-trivial biases and norm weights, so a mis-mapped one shows up.
-                for name, param in model.named_parameters():
-                    if param.ndim == 1:
-                        param.normal_(1.0 if "norm" in name else 0.0, 0.1)
-            directory = tmp_path_factory.mktemp(f"tiny-{kind}")
-            model.save_pretrained(directory)
-            made[kind] = directory
-        return made[kind]
-
-    return make
+def remote_cachet(chat_model_dir):
+    """A second Cachet server process, the remote backend (see tests/remote_cachet.py)."""
+    with start_remote_cachet(chat_model_dir) as live:
+        yield live

@@ -1,6 +1,5 @@
 """api.documents: upload, list, status, delete and search with the UI's permissions."""
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import pytest
@@ -13,7 +12,7 @@ from api.models import ApiKey
 from retrieval.ingest import ingest
 from retrieval.models import Collection, Document
 from tests import malicious_files as bad
-from tests.retrieval_fixtures import HANDBOOK, add_document, retriever  # noqa: F401
+from tests.documents import HANDBOOK, add_document
 
 pytestmark = pytest.mark.django_db
 

@@ -35,11 +35,6 @@ BOOTSTRAP_KEY = "ck-bootstrap-for-tests-0123456789abcdefghij"
 
 
 @pytest.fixture
-def user():
-    return get_user_model().objects.create_user("ada", password="pw-ada-1234567")
-
-
-@pytest.fixture
 def key(user) -> tuple[ApiKey, str]:
     return ApiKey.create_for(user, "laptop")
 

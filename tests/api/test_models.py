@@ -5,18 +5,12 @@ from __future__ import annotations
 import hashlib
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from api.models import ApiKey
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def user():
-    return get_user_model().objects.create_user("ada", password="pw-ada-1234567")
 
 
 def test_a_new_key_is_a_long_random_token_stored_only_as_its_sha256(user) -> None:

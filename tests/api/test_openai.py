@@ -7,7 +7,6 @@ client sees: bad key, unknown model, over-long prompt, rate limit. The last test
 ids, per-user cache isolation.
 """
 
-# ruff: noqa: F811 - fixtures are imported by name
 from __future__ import annotations
 
 import json
@@ -19,7 +18,6 @@ import openai
 import pytest
 
 from harness.live_server import LiveServer
-from tests.chat_fixtures import served_engine  # noqa: F401
 from tests.malicious_files import INJECTION
 
 pytestmark = pytest.mark.slow
@@ -321,7 +319,7 @@ def in_process_client(username: str):
 def test_control_tokens_in_any_message_reach_the_model_as_plain_text(
     served_engine, monkeypatch
 ) -> None:
-    from chat.prompting import prompt_builder_for
+    from chat.delta_sources import prompt_builder_for
 
     prompts, original = [], served_engine.stream
 

@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings as django_settings
-from django.contrib.auth import get_user_model
 
 from api import rate_limits
 from api.models import ApiKey
@@ -63,11 +62,6 @@ def store(request):
 def unique_id() -> str:
     """A key id no earlier run has used, so counters left in Redis never leak in."""
     return f"test-{os.getpid()}-{time.time_ns()}"
-
-
-@pytest.fixture
-def user():
-    return get_user_model().objects.create_user("ada", password="pw-ada-1234567")
 
 
 @pytest.fixture(params=["in_process", pytest.param("redis", marks=pytest.mark.integration)])

@@ -1,13 +1,9 @@
-"""Shared helpers of the retrieval tests: a retriever whose index lives in a temporary data dir."""
+"""Documents the tests ingest: two short texts, and `add_document` to store one in a collection."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
 from django.core.files.base import ContentFile
 
-import retrieval.search as search_module
 from retrieval.models import Collection, Document
 
 HANDBOOK = (
@@ -17,17 +13,8 @@ HANDBOOK = (
 KITCHEN = "The office kitchen is cleaned every Friday afternoon by the facilities team."
 
 
-@pytest.fixture
-def retriever(settings, tmp_path: Path):
-    """The process retriever, rebuilt on a fresh data dir (real embedder, real faiss)."""
-    settings.DATA_DIR = tmp_path
-    settings.MEDIA_ROOT = tmp_path / "media"
-    search_module._retriever = None
-    yield search_module.get_retriever()
-    search_module._retriever = None
-
-
 def add_document(collection: Collection, name: str, content: bytes | str) -> Document:
+    """A document row holding `content` as the uploaded file `name`; `queued`, not yet ingested."""
     data = content.encode() if isinstance(content, str) else content
     return Document.objects.create(
         collection=collection, title=name, file=ContentFile(data, name=name)

@@ -1,22 +1,23 @@
-"""A second Cachet server as the remote OpenAI-compatible backend of the backends tests.
+"""A second Cachet server as the remote OpenAI-compatible backend of the backends and chat tests.
 
-`remote_cachet` is a real server process (harness.live_server) serving the bundled model under
-another name (its directory path, through CACHET_MODEL), so a request for the remote model can
-never be answered by this process's own engine by mistake. It has an API key (`live.key`) and a
-metrics token; tests that kill it start it again before they end.
+`start_remote_cachet` runs a real server process (harness.live_server) serving the bundled model
+under another name (its directory path, through CACHET_MODEL), so a request for the remote model
+can never be answered by this process's own engine by mistake. It has an API key (`live.key`) and
+a metrics token; tests that kill it start it again before they end. The `remote_cachet` fixture
+(tests/conftest.py) keeps one for the session.
 """
 
 from __future__ import annotations
 
 import re
-import time
-
-import pytest
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from backends.models import InferenceBackend
 from harness.live_server import LiveServer, free_port
 
-SETUP = """
+API_KEY_SETUP = """
 from django.contrib.auth.models import User
 from api.models import ApiKey
 _, key = ApiKey.create_for(User.objects.create_user("upstream"), "upstream")
@@ -24,8 +25,9 @@ print(key)
 """
 
 
-@pytest.fixture(scope="session")
-def remote_cachet(chat_model_dir):
+@contextmanager
+def start_remote_cachet(chat_model_dir: Path) -> Iterator[LiveServer]:
+    """A started server on the bundled chat model, with `key` and `model` set on it."""
     env = {
         "CACHET_MODEL": str(chat_model_dir),
         # NOTE: this server is the backend of many requests in a row; the API's default limits
@@ -35,7 +37,7 @@ def remote_cachet(chat_model_dir):
     }
     options = {"torch_threads": 1, "kv_cache_mb": 128}
     with LiveServer(models_dir=chat_model_dir.parent, env=env, **options) as live:
-        live.key = live.shell(SETUP).strip().splitlines()[-1]
+        live.key = live.shell(API_KEY_SETUP).strip().splitlines()[-1]
         live.model = str(chat_model_dir).rstrip("/")
         live.start()
         yield live
@@ -62,11 +64,3 @@ def remote_metric(live: LiveServer, sample: str) -> float:
     text = live.metrics_text()
     match = re.search(rf"^{re.escape(sample)} ([0-9.e+-]+)$", text, re.MULTILINE)
     return float(match.group(1)) if match else 0.0
-
-
-def wait_until(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
