@@ -1,0 +1,1 @@
+"""The api app's database migrations."""

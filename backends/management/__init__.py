@@ -1,0 +1,1 @@
+"""The backends app's management commands (in commands/)."""

@@ -1,0 +1,1 @@
+"""The backends app's database migrations."""

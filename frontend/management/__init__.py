@@ -1,0 +1,1 @@
+"""The frontend app's management commands (in commands/)."""

@@ -1,0 +1,1 @@
+"""The frontend app's database migrations."""

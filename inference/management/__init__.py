@@ -1,0 +1,1 @@
+"""The inference app's management commands (in commands/)."""

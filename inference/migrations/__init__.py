@@ -1,0 +1,1 @@
+"""The inference app's database migrations."""

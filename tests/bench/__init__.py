@@ -1,0 +1,1 @@
+"""Tests of the benchmark commands (bench/), run at `--smoke` size."""

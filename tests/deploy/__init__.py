@@ -1,0 +1,1 @@
+"""Tests of the production deployment (deploy/): two web processes and a worker behind nginx."""

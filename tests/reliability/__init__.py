@@ -1,0 +1,1 @@
+"""The reliability suites (reliability/) and the fault tests: kills, outages, reloads, pressure."""

@@ -1,0 +1,1 @@
+"""Tests of retrieval/: extraction, chunking, embeddings, indexes, search, ingestion, recovery."""
