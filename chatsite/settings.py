@@ -9,10 +9,15 @@ import os
 from pathlib import Path
 
 import dj_database_url
+import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
 from inference.engine_settings import engine_default
+
+# NOTE: makes Django's generic classes subscriptable at run time (`ModelAdmin[Document]`), as
+# django-stubs types them for mypy; done here, before any app module is imported.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
-import django_stubs_ext
 from django.contrib import admin, messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
@@ -23,10 +22,6 @@ from retrieval.tasks import add_upload, enqueue_ingest, was_not_queued
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
-
-# NOTE: lets the admin classes below name their model (`ModelAdmin[Document]`), as django-stubs
-# types them; Django's own classes are not subscriptable. Idempotent.
-django_stubs_ext.monkeypatch()
 
 
 class _DocumentCount(TypedDict):
