@@ -29,20 +29,7 @@ def make_pdf(pages: list[str]) -> bytes:
         )
         objects.append(f"<< /Length {len(stream)} >>\nstream\n{stream}\nendstream")
     objects[1] = f"<< /Type /Pages /Kids [{' '.join(kids)}] /Count {len(pages)} >>"
-    out = io.BytesIO()
-    out.write(b"%PDF-1.4\n")
-    offsets = []
-    for number, body in enumerate(objects, start=1):
-        offsets.append(out.tell())
-        out.write(f"{number} 0 obj\n{body}\nendobj\n".encode())
-    xref = out.tell()
-    out.write(f"xref\n0 {len(objects) + 1}\n0000000000 65535 f \n".encode())
-    for offset in offsets:
-        out.write(f"{offset:010d} 00000 n \n".encode())
-    out.write(
-        f"trailer\n<< /Size {len(objects) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
-    )
-    return out.getvalue()
+    return bad.pdf(objects)
 
 
 def encrypt_pdf(data: bytes, password: str) -> bytes:
