@@ -9,8 +9,11 @@ DATA_DIR := $(or $(CACHET_DATA_DIR),var)
 # The integration suite's services (CI starts them; see .ci/run).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# Catalogue models the real-weight tests load (tests/conftest.py's catalogue_gguf), fetched once into
+# the models cache (CACHET_MODEL_CACHE, outside the repository); later runs find them in < 1 s.
+TEST_MODELS := qwen2.5-coder-0.5b-instruct gemma-3-270m
 
-.PHONY: install browser run test test-default test-integration lint format clean
+.PHONY: install browser run test test-models test-default test-integration lint format clean
 
 install: $(VENV)/.installed
 
@@ -50,9 +53,12 @@ run: install $(DATA_DIR)/secret_key
 	$(PY) manage.py ensure_api_key && \
 	exec $(VENV)/bin/daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
 
-test: install browser
+test: install browser test-models
 	$(MAKE) test-default
 	$(MAKE) test-integration
+
+test-models: install
+	$(PY) -m inference.model_fetch $(TEST_MODELS)
 
 # The whole suite on the embedded defaults: SQLite, in-memory channel layer, in-process tasks.
 test-default:

@@ -34,8 +34,11 @@ def bench_hf(
 ) -> dict:
     from transformers import AutoModelForCausalLM
 
+    from inference.model_files import transformers_weights
+
     with peak_rss() as rss:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        weights = transformers_weights(model_dir)  # a prepared GGUF: its model.gguf
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **weights).eval()
         tokenizer.padding_side = "left"
         pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
 
@@ -143,7 +146,9 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--json", action="store_true", help="print the result as JSON (default)")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, to check the harness")
-    parser.add_argument("--model-dir", type=Path, help="model directory (default: bundled)")
+    parser.add_argument(
+        "--model-dir", type=Path, help="model directory (default: the catalogue's default model)"
+    )
     parser.add_argument("--models-dir", type=Path, default=Path("var/models"))
     parser.add_argument("--kv-cache-mb", type=int, default=1024)
     parser.add_argument(
@@ -163,10 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
 
     from transformers import AutoTokenizer
 
+    from inference.catalogue import DEFAULT_CHAT_MODEL
     from inference.engine import parse_dtype
     from inference.model_files import resolve_chat_model
 
-    model_dir = args.model_dir or resolve_chat_model(None, args.models_dir).directory
+    model_dir = args.model_dir or resolve_chat_model(DEFAULT_CHAT_MODEL, args.models_dir).directory
     if args.table:
         command = "python -m bench.engine " + " ".join(sys.argv[1:] if argv is None else argv)
         table = optimization_table.write_table(

@@ -8,7 +8,8 @@ ignore_eos), the rows adding one feature at a time as practitioners publish for 
   request that puts the system prompt in the prefix cache, where there is one);
 - throughput: 32 requests submitted at once (served one at a time where `max_num_seqs` is 1);
 - memory: the model's weights plus the peak KV cache the 32 requests held;
-- quality: perplexity of the row's weight/KV format on shipped English text, against bf16.
+- quality: perplexity of the row's weight/KV format on shipped English text, against bf16, and
+  answer quality: gold-passage token F1 on the first squad-dev questions (bench.answer_quality).
 
 A separate measurement runs speculative decoding on an extractive workload (the answer quotes
 the prompt), off and on, and checks the greedy text is identical. Results go to
@@ -63,13 +64,15 @@ class TableWorkload:
     num_single: int = 5  # sequential requests for TTFT p50 and single-request tokens/s
     concurrency: int = 32
     quality_tokens: int = 4096
+    answer_questions: int = 30  # gold-passage F1 (bench.answer_quality) per weight/KV format
     extractive_passage_tokens: int = 400
     extractive_output_tokens: int = 160
 
 
 SMOKE_TABLE = TableWorkload(
     system_tokens=48, user_tokens=16, output_tokens=4, num_single=2, concurrency=3,
-    quality_tokens=96, extractive_passage_tokens=48, extractive_output_tokens=8,
+    quality_tokens=96, answer_questions=3, extractive_passage_tokens=48,
+    extractive_output_tokens=8,
 )  # fmt: skip
 
 
@@ -86,6 +89,8 @@ def engine_config(model_dir: Path, workload: TableWorkload, settings: dict, kv_c
 
     base = {
         "dtype": torch.bfloat16,
+        # NOTE: the rows name their weight format; a GGUF's own ("auto") is not the bf16 baseline.
+        "quantization": "none",
         "max_model_len": max(2048, workload.system_tokens + workload.user_tokens + 256),
         "kv_cache_mb": kv_cache_mb,
         "max_num_seqs": max(workload.concurrency, 1),
@@ -227,6 +232,7 @@ def build_table(
         result["perplexity"] = round(perplexities[key], 4)
         row_perplexities.append(perplexities[key])
     reference = perplexities[("none", "auto")]
+    _add_answer_f1(model_dir, rows, measured, workload.answer_questions)
     baseline = measured[0]
     # NOTE: changes from the unrounded values, so the reference's own row reads +0.0%, not -0.0%
     for result, perplexity in zip(measured, row_perplexities, strict=True):
@@ -251,6 +257,7 @@ def build_table(
             "output_tokens": workload.output_tokens,
             "concurrency": workload.concurrency,
             "quality_tokens": len(text_ids),
+            "answer_questions": workload.answer_questions,
             "torch_threads": torch.get_num_threads(),
         },
         "rows": measured,
@@ -277,6 +284,26 @@ def write_table(
     return table
 
 
+def _add_answer_f1(
+    model_dir: Path, rows: tuple[TableRow, ...], measured: list[dict], num_questions: int
+) -> None:
+    """Each row's gold-passage F1, measured once per weight/KV format (the rest of a row's
+    settings leave greedy answers unchanged)."""
+    from bench.answer_quality import gold_passage_f1
+    from bench.squad_questions import load_questions
+
+    questions = load_questions(limit=num_questions)
+    scores: dict[tuple[str, str], float] = {}
+    for row, result in zip(rows, measured, strict=True):
+        key = (row.settings.get("quantization", "none"), row.settings.get("kv_cache_dtype", "auto"))
+        if key not in scores:
+            logger.info("answer quality of %s", row.name)
+            scores[key] = gold_passage_f1(
+                model_dir, questions, quantization=key[0], kv_cache_dtype=key[1]
+            )
+        result["answer_f1"] = round(scores[key], 3)
+
+
 def _ratio(value: float, reference: float) -> float:
     return round(value / reference, 2) if reference else 0.0
 
@@ -290,11 +317,14 @@ def render_markdown(table: dict, command: str, chart_name: str | None) -> str:
         f"Workload: a shared {workload['system_tokens']}-token system prompt, a unique "
         f"{workload['user_tokens']}-token user turn, {workload['output_tokens']} greedy tokens "
         f"(ignore_eos); throughput with {workload['concurrency']} requests at once; quality is "
-        f"perplexity on {workload['quality_tokens']} tokens of English text against bf16.",
+        f"perplexity on {workload['quality_tokens']} tokens of English text against bf16; answer "
+        f"F1 is gold-passage token F1 on the first {workload['answer_questions']} squad-dev "
+        "questions (`python -m bench.answer_quality`).",
         "",
         "| step | TTFT p50 (s) | single-request tok/s | throughput at "
-        f"{workload['concurrency']} (tok/s) | weights + peak KV (MB) | quality (perplexity) |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"{workload['concurrency']} (tok/s) | weights + peak KV (MB) | quality (perplexity) | "
+        "answer F1 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for row in table["rows"]:
         lines.append(
@@ -302,7 +332,7 @@ def render_markdown(table: dict, command: str, chart_name: str | None) -> str:
             f"({row['single_tok_s_vs_baseline']:.2f}x) | {row['throughput_tok_s']:.1f} "
             f"({row['throughput_vs_baseline']:.2f}x) | {row['weights_mb']:.0f} + "
             f"{row['kv_peak_mb']:.0f} | {row['perplexity']:.2f} "
-            f"({row['perplexity_change']:+.1%}) |"
+            f"({row['perplexity_change']:+.1%}) | {row['answer_f1']:.3f} |"
         )
     spec = table["speculative_extractive"]
     lines += [

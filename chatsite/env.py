@@ -7,10 +7,12 @@ Every reader takes the environment mapping explicitly so tests can pass a plain 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import overload
 from urllib.parse import urlparse
+
+from inference.catalogue import names_a_catalogue_model
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
@@ -127,14 +129,29 @@ def read_directory(env: Mapping[str, str], name: str, default: Path) -> Path:
     return path.resolve()
 
 
-def read_model_source(env: Mapping[str, str], name: str) -> str | None:
+@overload
+def read_model_source(
+    env: Mapping[str, str], name: str, default: str, *, catalogue: Collection[str] = ()
+) -> str: ...
+@overload
+def read_model_source(
+    env: Mapping[str, str], name: str, default: None = None, *, catalogue: Collection[str] = ()
+) -> str | None: ...
+def read_model_source(
+    env: Mapping[str, str],
+    name: str,
+    default: str | None = None,
+    *,
+    catalogue: Collection[str] = (),
+) -> str | None:
     """A model given as a Hugging Face repo id, a local directory, or a .gguf file.
 
-    Returns None when unset (meaning: the bundled default model).
+    With `catalogue` (names of the model catalogue, `inference.catalogue`), also a catalogue name;
+    a one-word value that is none of them is refused with the names listed. Unset: `default`.
     """
     value = read_str(env, name)
     if value is None:
-        return None
+        return default
     looks_like_path = value.startswith(("/", ".", "~")) or value.endswith(".gguf")
     path = Path(value).expanduser()
     if looks_like_path or path.exists():
@@ -143,6 +160,14 @@ def read_model_source(env: Mapping[str, str], name: str) -> str | None:
         if path.is_file() and path.suffix != ".gguf":
             raise ConfigError(name, f"a model file must be a .gguf file; got {path}")
         return str(path.resolve())
+    if catalogue and names_a_catalogue_model(value):
+        if value not in catalogue:
+            raise ConfigError(
+                name,
+                f"no model named {value!r} in the catalogue ({', '.join(catalogue)}); "
+                "or give a Hugging Face id (owner/name), a directory or a .gguf file",
+            )
+        return value
     if not HF_REPO_ID.match(value):
         raise ConfigError(
             name,

@@ -61,7 +61,12 @@ def check_broker() -> str | None:
 
 
 def check_chat_model() -> str:
-    resolved = resolve_chat_model(settings.CACHET_MODEL, settings.MODELS_DIR, may_prepare=False)
+    resolved = resolve_chat_model(
+        settings.CACHET_MODEL,
+        settings.MODELS_DIR,
+        may_prepare=False,
+        model_cache=settings.CACHET_MODEL_CACHE,
+    )
     return f"{resolved.source} ready at {resolved.directory}"
 
 

@@ -13,6 +13,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
+from inference import catalogue
 from inference.engine_settings import engine_default
 
 # NOTE: makes Django's generic classes subscriptable at run time (`ModelAdmin[Document]`), as
@@ -32,7 +33,17 @@ try:
         os.environ, "DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'cachet.sqlite3'}"
     )
     REDIS_URL = env.read_redis_url(os.environ, "REDIS_URL")
-    CACHET_MODEL = env.read_model_source(os.environ, "CACHET_MODEL")
+    # A catalogue name (inference/catalogue.py), a hub id, a directory or a .gguf file.
+    CACHET_MODEL = env.read_model_source(
+        os.environ,
+        "CACHET_MODEL",
+        default=catalogue.DEFAULT_CHAT_MODEL,
+        catalogue=catalogue.CATALOGUE,
+    )
+    # Where catalogue models are fetched to: outside the repository, so clones and CI share it.
+    CACHET_MODEL_CACHE = env.read_directory(
+        os.environ, "CACHET_MODEL_CACHE", default=catalogue.default_cache_dir(os.environ)
+    )
     CACHET_EMBEDDING_MODEL = env.read_model_source(os.environ, "CACHET_EMBEDDING_MODEL")
     CACHET_METRICS_TOKEN = env.read_str(os.environ, "CACHET_METRICS_TOKEN")
     # --- Engine (inference/engine_settings.py; the defaults are EngineConfig's) ---

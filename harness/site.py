@@ -51,9 +51,12 @@ def prepare_site(spec: dict[str, Any]) -> dict[str, Any]:
     from chat.models import AssistantProfile
     from inference.model_files import resolve_chat_model, resolve_embedding_model
 
-    # NOTE: converts the bundled GGUF once on a fresh clone, into the shared models cache
-    # (<data dir>/models links to it); afterwards the server finds it cached.
-    chat_model = resolve_chat_model(settings.CACHET_MODEL, settings.MODELS_DIR)
+    # NOTE: fetches (a catalogue model) and converts the configured model once on a fresh clone,
+    # into the shared caches (<data dir>/models links to the converted one); afterwards the server
+    # finds it cached.
+    chat_model = resolve_chat_model(
+        settings.CACHET_MODEL, settings.MODELS_DIR, model_cache=settings.CACHET_MODEL_CACHE
+    )
     resolve_embedding_model(settings.CACHET_EMBEDDING_MODEL)
     label = spec.get("label", "harness")
     token = secrets.token_hex(4)

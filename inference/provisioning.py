@@ -1,9 +1,10 @@
-"""Prepare the configured models once (convert, locate) and prove that they load."""
+"""Prepare the configured models once (fetch, convert, locate) and prove that they load."""
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from inference.model_files import ResolvedModel, resolve_chat_model, resolve_emb
 logger = logging.getLogger(__name__)
 
 PROBE_TEXT = "Cachet answers from your own documents."
+PROBE_TOKENS = 4
+PROBE_MAX_MODEL_LEN = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,13 +32,26 @@ class PreparedModel:
 
 
 def prepare_models(
-    chat_source: str | None, embedding_source: str | None, models_dir: Path
+    chat_sources: Sequence[str],
+    embedding_source: str | None,
+    models_dir: Path,
+    *,
+    model_cache: Path | None = None,
 ) -> list[PreparedModel]:
-    """Resolve (converting where needed) both models and load each once to verify it."""
-    return [
-        _timed("chat", lambda: resolve_chat_model(chat_source, models_dir), verify_chat_model),
-        _timed("embedding", lambda: resolve_embedding_model(embedding_source), verify_embedder),
+    """Resolve (fetching and converting where needed) each chat model and the embedding model,
+    and load each once to verify it."""
+    prepared = [
+        _timed(
+            "chat",
+            lambda source=source: resolve_chat_model(source, models_dir, model_cache=model_cache),
+            verify_chat_model,
+        )
+        for source in chat_sources
     ]
+    prepared.append(
+        _timed("embedding", lambda: resolve_embedding_model(embedding_source), verify_embedder)
+    )
+    return prepared
 
 
 def _timed(role, resolve, verify) -> PreparedModel:
@@ -46,21 +62,32 @@ def _timed(role, resolve, verify) -> PreparedModel:
 
 
 def verify_chat_model(directory: Path) -> str:
-    """Load tokenizer and weights, run one forward pass, and check the logits are finite."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    """Load the model as the engine serves it and generate a few tokens greedily.
 
-    tokenizer = AutoTokenizer.from_pretrained(directory)
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
-    input_ids = tokenizer(PROBE_TEXT, return_tensors="pt").input_ids
-    with torch.inference_mode():
-        logits = model(input_ids).logits
-    if not torch.isfinite(logits).all():
-        raise RuntimeError(f"the chat model at {directory} produced non-finite logits")
-    num_params = sum(p.numel() for p in model.parameters())
-    return (
-        f"loaded {num_params / 1e6:.0f}M parameters, forward pass on {input_ids.shape[1]} tokens ok"
+    NOTE: through the engine's own loader, not transformers: that is what will serve it (a GGUF
+    stays quantized: the 1.5B default takes ~1.2 GB here, where transformers would dequantize it
+    to 6 GB of float32), and a checkpoint it refuses is refused now, with its reason.
+    """
+    from inference.engine import Engine, EngineConfig, SamplingParams
+
+    config = EngineConfig(
+        model_dir=directory, max_model_len=PROBE_MAX_MODEL_LEN, kv_cache_mb=16, max_num_seqs=1
     )
+    engine = Engine(config)
+    try:
+        [result] = engine.generate(
+            [PROBE_TEXT], SamplingParams(temperature=0, max_tokens=PROBE_TOKENS, ignore_eos=True)
+        )
+        runner = engine.runner
+    finally:
+        engine.shutdown()
+    if result.usage.completion_tokens != PROBE_TOKENS:
+        raise RuntimeError(
+            f"the chat model at {directory} generated {result.usage.completion_tokens} tokens "
+            f"of {PROBE_TOKENS} ({result.finish_reason})"
+        )
+    loaded = f"loaded {runner.load_report.describe()}; " if runner is not None else ""
+    return f"{loaded}generated {PROBE_TOKENS} tokens: {result.text!r}"
 
 
 def verify_embedder(directory: Path) -> str:

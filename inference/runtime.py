@@ -13,13 +13,12 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from django.conf import settings
 from django.db import DatabaseError
 
 from inference.engine import Engine, EngineConfig
-from inference.model_files import BUNDLED_CHAT_FILE, resolve_chat_model
+from inference.model_files import resolve_chat_model
 from inference.models import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -53,18 +52,24 @@ _lock = threading.Lock()
 def engine_config_for(model_config: ModelConfig | None) -> EngineConfig:
     """The engine settings for a configuration (None: the defaults, with CACHET_KV_CACHE_MB).
 
-    Also converts a GGUF source into the models cache the first time (`resolve_chat_model`).
+    Also fetches a catalogue model and converts a GGUF source the first time
+    (`resolve_chat_model`).
     """
     config = model_config or ModelConfig(name="default", kv_cache_mb=settings.CACHET_KV_CACHE_MB)
-    resolved = resolve_chat_model(config.effective_source, settings.MODELS_DIR)
-    return config.engine_config(resolved.directory)
+    resolved = resolve_chat_model(
+        config.effective_source, settings.MODELS_DIR, model_cache=settings.CACHET_MODEL_CACHE
+    )
+    draft_dir, draft_source = None, config.draft_source.strip()
+    if config.uses_draft_model and draft_source:
+        draft_dir = resolve_chat_model(
+            draft_source, settings.MODELS_DIR, model_cache=settings.CACHET_MODEL_CACHE
+        ).directory
+    return config.engine_config(resolved.directory, draft_model_dir=draft_dir)
 
 
 def served_model_name(model_config: ModelConfig | None) -> str:
-    """The served model's name: its configured source, or the bundled model's name."""
-    source = (model_config.effective_source if model_config else settings.CACHET_MODEL) or ""
-    if not source:
-        return Path(BUNDLED_CHAT_FILE).name.split(".")[0]
+    """The served model's name: its configured source (a catalogue name, a hub id or a path)."""
+    source = model_config.effective_source if model_config else settings.CACHET_MODEL
     return source.rstrip("/")
 
 

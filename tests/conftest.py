@@ -14,7 +14,7 @@ import torch
 from django.conf import settings as django_settings
 
 import retrieval.search as search_module
-from inference import runtime
+from inference import catalogue, runtime
 from inference.model_files import resolve_chat_model, resolve_embedding_model
 from inference.models import ModelConfig
 from tests.remote_cachet import start_remote_cachet
@@ -28,8 +28,36 @@ FLOAT32_CONFIG_NAME = "tests-float32"
 
 @pytest.fixture(scope="session")
 def chat_model_dir() -> Path:
-    """The bundled SmolLM2-135M-Instruct, converted once into the models cache of the data dir."""
-    return resolve_chat_model(None, Path(django_settings.MODELS_DIR)).directory
+    """The suite's chat model (CACHET_MODEL: smollm2-135m-instruct, set by tests/settings.py),
+    converted once into the data dir's models folder."""
+    return resolve_chat_model(
+        django_settings.CACHET_MODEL,
+        Path(django_settings.MODELS_DIR),
+        model_cache=django_settings.CACHET_MODEL_CACHE,
+    ).directory
+
+
+@pytest.fixture(scope="session")
+def catalogue_gguf():
+    """Factory: `catalogue_gguf("qwen2.5-coder-0.5b-instruct")` -> the model's verified GGUF file.
+
+    NOTE: fails rather than skips when the file is missing: `make test` fetches the real-weight
+    tests' models first (the Makefile's TEST_MODELS), so a missing one is a broken set-up, and a
+    skip would let the tests that need it pass without running.
+    """
+    cache = Path(django_settings.CACHET_MODEL_CACHE)
+
+    def find(name: str) -> Path:
+        path = catalogue.fetched_path(name, cache)
+        if path is None:
+            pytest.fail(
+                f"catalogue model {name} is not in the models cache {cache}; fetch it with: "
+                f"python -m inference.model_fetch {name}  (make test fetches it)",
+                pytrace=False,
+            )
+        return path
+
+    return find
 
 
 @pytest.fixture(scope="session")
@@ -77,7 +105,8 @@ def served_engine(chat_model_dir, transactional_db):
     status = runtime.engine_status()
     if status["status"] != "ready" or status["config"] != FLOAT32_CONFIG_NAME:
         runtime.stop_engine()
-        runtime.reload_engine(ModelConfig(name=FLOAT32_CONFIG_NAME, dtype="float32"), wait=True)
+        config = ModelConfig(name=FLOAT32_CONFIG_NAME, dtype="float32", quantization="none")
+        runtime.reload_engine(config, wait=True)
     return runtime.get_engine()
 
 

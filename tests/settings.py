@@ -6,6 +6,9 @@ import os
 # environment, exactly as production reads it.
 os.environ.setdefault("CACHET_SECRET_KEY", "cachet-test-suite-only-secret-key-not-for-production")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# The suite serves the bundled 135M model, which loads in seconds (not the app's default): in the
+# environment, so the servers that tests start as subprocesses serve it too.
+os.environ.setdefault("CACHET_MODEL", "smollm2-135m-instruct")
 
 from chatsite.settings import *  # noqa: F403
 

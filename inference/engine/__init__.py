@@ -13,6 +13,7 @@ from inference.engine.config import (
     parse_dtype,
 )
 from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.draft_vocabulary import check_draft_vocabulary
 from inference.engine.engine import Engine
 from inference.engine.kv_cache import KVCacheSpec
 from inference.engine.layers.quantization import (
@@ -20,8 +21,8 @@ from inference.engine.layers.quantization import (
     check_quantization,
     model_weight_bytes,
 )
-from inference.engine.loader import SUPPORTED_MODEL_TYPES
 from inference.engine.model_runner import BatchEntry, ModelRunner
+from inference.engine.models.registry import SUPPORTED_MODEL_TYPES
 from inference.engine.outputs import (
     Delta,
     EngineClosedError,
@@ -48,6 +49,7 @@ __all__ = [
     "RequestFailedError",
     "SamplingParams",
     "Usage",
+    "check_draft_vocabulary",
     "check_quantization",
     "model_weight_bytes",
     "parse_dtype",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -19,6 +19,9 @@ DTYPE_NAMES: dict[str, torch.dtype] = {
 
 # NOTE: more drafts than this are almost never all accepted, and each costs a verified position.
 MAX_SPECULATIVE_TOKENS = 16
+# Where drafts come from: n-gram prompt lookup (core/speculative.py) or a small draft model of the
+# same vocabulary (draft_proposer.py).
+SPECULATIVE_METHODS = ("ngram", "draft")
 
 
 class ConfigError(ValueError):
@@ -83,9 +86,11 @@ class EngineConfig:
     device: str = "cpu"
     # torch threads of the engine thread (0: torch's default, one per core); see engine.py.
     num_threads: int = 0
-    # Weight-only quantization after loading ("none", "int8", "int4"; see quantization.py) and
-    # the int4 group size; "int8" kv_cache_dtype halves the KV bytes per token (kv_cache.py).
-    quantization: str = "none"
+    # Weight formats: "auto" follows the checkpoint (a GGUF's tensor types, gguf_checkpoint.py;
+    # a float checkpoint loads in `dtype`), "none" is `dtype` throughout, "int8" / "int4" quantize
+    # every linear layer (quantization.py); the int4 group size of "int4" (a GGUF's 4-bit blocks
+    # are groups of 32); "int8" kv_cache_dtype halves the KV bytes per token (kv_cache.py).
+    quantization: str = "auto"
     quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE
     kv_cache_dtype: str = "auto"
     # Speculative decoding by n-gram prompt lookup (speculative.py): up to this many draft tokens
@@ -98,6 +103,13 @@ class EngineConfig:
     speculative_ngram_min: int = 2
     speculative_ngram_max: int = 3
     speculative_max_num_seqs: int = 4
+    # speculative_method "draft": a small model of the same tokenizer (draft_model_dir, loaded
+    # in this config's dtype, quantization and KV format) proposes the drafts greedily instead;
+    # it has its own KV cache of draft_kv_cache_mb (None: room for as many tokens as the
+    # target's cache). The same limits apply (num_speculative_tokens, speculative_max_num_seqs).
+    speculative_method: str = "ngram"
+    draft_model_dir: Path | str | None = None
+    draft_kv_cache_mb: float | None = None
     # The native CPU kernels (kernels/) where the CPU and the model allow them; False: the
     # PyTorch path only. fused_decode: pure decode steps run all layers in one native call
     # (kernels/decode_layers.py); False runs them layer by layer, with the same results bit for
@@ -152,6 +164,53 @@ class EngineConfig:
                 f"speculative_ngram_min ({self.speculative_ngram_min})"
             )
         _check_int("speculative_max_num_seqs", self.speculative_max_num_seqs, minimum=1)
+        self._check_draft_settings()
+
+    def _check_draft_settings(self) -> None:
+        if self.speculative_method not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                f"speculative_method {self.speculative_method!r} is not supported; "
+                f"use one of {list(SPECULATIVE_METHODS)}"
+            )
+        if self.draft_model_dir is not None:
+            if not isinstance(self.draft_model_dir, str | Path) or not str(self.draft_model_dir):
+                raise ConfigError(
+                    f"draft_model_dir must be a model directory, got {self.draft_model_dir!r}"
+                )
+            self.draft_model_dir = Path(self.draft_model_dir)
+        if self.speculative_method == "draft" and self.draft_model_dir is None:
+            raise ConfigError("speculative_method 'draft' needs draft_model_dir (the draft model)")
+        if self.speculative_method != "draft" and self.draft_model_dir is not None:
+            raise ConfigError(
+                f"draft_model_dir is only used with speculative_method 'draft', "
+                f"not {self.speculative_method!r}"
+            )
+        mb = self.draft_kv_cache_mb
+        if mb is not None:
+            if isinstance(mb, bool) or not isinstance(mb, int | float):
+                raise ConfigError(f"draft_kv_cache_mb must be a number of megabytes, got {mb!r}")
+            if not mb > 0:
+                raise ConfigError(f"draft_kv_cache_mb must be > 0, got {mb}")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether the engine loads a draft model (speculation on, by a draft model)."""
+        return self.speculative_method == "draft" and self.num_speculative_tokens > 0
+
+    def draft_config(self) -> EngineConfig:
+        """The draft model's runner settings: this config's formats and limits, its own KV."""
+        if self.draft_model_dir is None:
+            raise ConfigError("speculative_method 'draft' needs draft_model_dir (the draft model)")
+        kv_cache_mb = self.kv_cache_mb if self.draft_kv_cache_mb is None else self.draft_kv_cache_mb
+        return replace(
+            self,
+            model_dir=self.draft_model_dir,
+            kv_cache_mb=kv_cache_mb,
+            num_speculative_tokens=0,
+            speculative_method="ngram",
+            draft_model_dir=None,
+            draft_kv_cache_mb=None,
+        )
 
     @property
     def kv_cache_bytes(self) -> int:

@@ -20,6 +20,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator
 from collections.abc import Sequence as SequenceOf
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, fast_decoder
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.sequence import Sequence
+from inference.engine.draft_vocabulary import check_draft_vocabulary
 from inference.engine.engine_core import EngineCore, OutputCallback, Request
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import (
@@ -54,7 +56,8 @@ class Engine:
     """One model, many concurrent requests. See the module docstring for the threading model.
 
     `runner` / `tokenizer` may be passed in already loaded (tests, or an engine rebuilt on the
-    same weights); `config.dtype`, `kv_cache_mb` and `device` are then the runner's business.
+    same weights); `config.dtype`, `kv_cache_mb` and `device` are then the runner's business. So
+    may `draft_runner` / `draft_tokenizer`, the draft model's, for speculative_method "draft".
     """
 
     def __init__(
@@ -63,6 +66,8 @@ class Engine:
         *,
         runner: ModelRunner | None = None,
         tokenizer: Any = None,  # a transformers tokenizer; None: the model directory's
+        draft_runner: ModelRunner | None = None,
+        draft_tokenizer: Any = None,
     ) -> None:
         self.config = config
         self._cond = threading.Condition()
@@ -73,6 +78,7 @@ class Engine:
         self._core_ready = threading.Event()
         self._load_error: BaseException | None = None
         self.runner: ModelRunner | None = runner
+        self.draft_runner: ModelRunner | None = draft_runner
         self._thread = threading.Thread(target=self._thread_main, name="cachet-engine", daemon=True)
         self._thread.start()
         self._runner_loaded.wait()
@@ -80,7 +86,7 @@ class Engine:
             self._thread.join()
             raise self._load_error or RuntimeError("the engine thread loaded no model")
         try:
-            self._build_core(config, self.runner, tokenizer)
+            self._build_core(config, self.runner, tokenizer, draft_tokenizer)
         except BaseException:
             self._is_closed = True
             self._core_ready.set()
@@ -88,10 +94,19 @@ class Engine:
             raise
         self._core_ready.set()
 
-    def _build_core(self, config: EngineConfig, runner: ModelRunner, tokenizer: Any) -> None:
+    def _build_core(
+        self, config: EngineConfig, runner: ModelRunner, tokenizer: Any, draft_tokenizer: Any
+    ) -> None:
         if tokenizer is None:
-            tokenizer = AutoTokenizer.from_pretrained(str(config.model_dir))
+            tokenizer = _load_tokenizer(config.model_dir)
         self.tokenizer = tokenizer
+        if config.uses_draft_model and self.draft_runner is not None:
+            if draft_tokenizer is None and config.draft_model_dir is not None:
+                draft_tokenizer = _load_tokenizer(config.draft_model_dir)
+            check_draft_vocabulary(
+                (str(config.model_dir), tokenizer, runner.vocab_size),
+                (str(config.draft_model_dir), draft_tokenizer, self.draft_runner.vocab_size),
+            )
         self._decoder = fast_decoder(tokenizer)
         # NOTE: the runner may lower max_model_len to what the model's positions support.
         self.max_model_len = min(config.max_model_len, runner.max_model_len)
@@ -111,6 +126,7 @@ class Engine:
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos_token_ids,
             on_request_done=self._forget_request_id,
+            draft_runner=self.draft_runner,
         )
         self.metrics = self.core.metrics
         # What the engine thread does next, in order: a Request to add, a request id to abort.
@@ -323,6 +339,10 @@ class Engine:
                 torch.set_num_threads(config.num_threads)
             if self.runner is None:
                 self.runner = ModelRunner(config)
+            if config.uses_draft_model and self.draft_runner is None:
+                # NOTE: by default the draft's cache holds as many tokens as the target's.
+                num_blocks = self.runner.num_kv_blocks if config.draft_kv_cache_mb is None else None
+                self.draft_runner = _load_draft_runner(config, num_blocks)
         except BaseException as error:
             self._load_error = error
             return
@@ -368,6 +388,24 @@ class Engine:
     def _forget_request_id(self, request_id: str) -> None:
         with self._cond:
             self._live_request_ids.discard(request_id)
+
+
+def _load_draft_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:
+    try:
+        return ModelRunner(config.draft_config(), num_kv_blocks=num_kv_blocks)
+    except (ValueError, OSError) as error:
+        raise ConfigError(
+            f"the draft model {config.draft_model_dir} could not be loaded: {error}"
+        ) from error
+
+
+def _load_tokenizer(model_dir: Path | str) -> Any:
+    model_dir = Path(model_dir)
+    if model_dir.is_file():
+        # NOTE: a bare GGUF file: transformers converts the tokenizer from its metadata (tens of
+        # seconds for a large vocabulary; model_files prepares a directory that keeps the result).
+        return AutoTokenizer.from_pretrained(str(model_dir.parent), gguf_file=model_dir.name)
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def _eos_token_ids(tokenizer: Any, hf_config: Any) -> frozenset[int]:

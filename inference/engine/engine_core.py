@@ -6,7 +6,8 @@ appends each sampled token, detokenizes it, checks the stop conditions and hands
 at the end a `Usage`) to the request's output callback.
 
 Speculative decoding (`num_speculative_tokens` > 0): before scheduling, each decoding sequence
-gets n-gram drafts (`NgramProposer`) while at most `speculative_max_num_seqs` sequences decode.
+gets drafts, by n-gram lookup (`NgramProposer`) or from a draft model (`DraftProposer`), while at
+most `speculative_max_num_seqs` sequences decode.
 The model runs the last token plus the drafts in one pass and returns logits for every one of
 those positions; the sampler picks a token at each (its picks are a fixed function of the logits,
 the seed and the position, see sampler.py). Drafts are accepted while they equal the picks; the
@@ -27,12 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.engine.config import EngineConfig
+from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.block_manager import BlockManager
 from inference.engine.core.detokenizer import IncrementalDetokenizer
 from inference.engine.core.scheduler import Scheduler, SchedulerOutput
 from inference.engine.core.sequence import FinishReason, Sequence
 from inference.engine.core.speculative import NgramProposer
+from inference.engine.draft_proposer import DraftProposer
 from inference.engine.metrics import EngineMetrics
 from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.outputs import Delta, RequestFailedError, Usage
@@ -60,6 +62,7 @@ class EngineCore:
         max_model_len: int,
         eos_token_ids: frozenset[int],
         on_request_done: Callable[[str], None],
+        draft_runner: ModelRunner | None = None,
     ) -> None:
         self.runner = runner
         self.max_model_len = max_model_len
@@ -77,7 +80,17 @@ class EngineCore:
         )
         self.sampler = Sampler()
         self.proposer: NgramProposer | None = None
-        if config.num_speculative_tokens:
+        self.draft_proposer: DraftProposer | None = None
+        if config.uses_draft_model:
+            if draft_runner is None:
+                raise ConfigError("speculative_method 'draft' needs the draft model's runner")
+            self.draft_proposer = DraftProposer(
+                draft_runner,
+                config.num_speculative_tokens,
+                enable_prefix_caching=config.enable_prefix_caching,
+                max_num_catch_up_tokens=config.max_num_batched_tokens,
+            )
+        elif config.num_speculative_tokens:
             self.proposer = NgramProposer(
                 config.num_speculative_tokens,
                 min_n=config.speculative_ngram_min,
@@ -111,7 +124,7 @@ class EngineCore:
 
     def step(self) -> bool:
         """One iteration: schedule, run the model, sample, deliver. False if nothing could run."""
-        if self.proposer is not None:
+        if self.proposer is not None or self.draft_proposer is not None:
             self._propose_drafts()
         output = self._last_output = self.scheduler.schedule()
         num_generated = 0
@@ -159,16 +172,28 @@ class EngineCore:
         decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1]
         for seq in running:
             seq.draft_token_ids = []
-        proposer = self.proposer
-        if proposer is None or len(decodes) > self.speculative_max_num_seqs:
+        if self.draft_proposer is not None:
+            self.draft_proposer.keep_only(running)  # frees what preempted sequences held
+        if len(decodes) > self.speculative_max_num_seqs:
             return
-        for seq in decodes:
-            # NOTE: the step samples one token anyway; drafts beyond the request's remaining
-            # tokens could never be used.
-            num_left = self.max_model_len - seq.num_tokens
-            if seq.params.max_tokens is not None:
-                num_left = min(num_left, seq.params.max_tokens - seq.num_completion_tokens)
-            seq.draft_token_ids = proposer.propose(seq.token_ids, num_left - 1)
+        # NOTE: the step samples one token anyway; drafts beyond the request's remaining tokens
+        # could never be used.
+        limits = [self._num_tokens_left(seq) - 1 for seq in decodes]
+        if self.draft_proposer is not None:
+            drafts = self.draft_proposer.propose(decodes, limits)
+        elif self.proposer is not None:
+            ngram = self.proposer
+            drafts = [ngram.propose(s.token_ids, n) for s, n in zip(decodes, limits, strict=True)]
+        else:
+            return
+        for seq, seq_drafts in zip(decodes, drafts, strict=True):
+            seq.draft_token_ids = seq_drafts
+
+    def _num_tokens_left(self, seq: Sequence) -> int:
+        num_left = self.max_model_len - seq.num_tokens
+        if seq.params.max_tokens is not None:
+            num_left = min(num_left, seq.params.max_tokens - seq.num_completion_tokens)
+        return num_left
 
     def _execute(self, output: SchedulerOutput) -> tuple[list[Sequence], list[list[int]]]:
         """Run the step; return the sequences that sample and the tokens picked for each.
@@ -270,6 +295,8 @@ class EngineCore:
         request_id = request.seq.request_id
         if self.requests.pop(request_id, None) is None:
             return  # already completed (its consumer failed while receiving the last delta)
+        if self.draft_proposer is not None:
+            self.draft_proposer.release(request_id)
         self.on_request_done(request_id)
         self.metrics.record_finished(finish_reason)
         self._deliver(request, error if error is not None else Usage.from_sequence(request.seq))

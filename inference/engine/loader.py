@@ -1,15 +1,19 @@
-"""Building a `LlamaForCausalLM` from a Hugging Face model directory.
+"""Building the engine's model (models/registry.py) from a Hugging Face model directory or a
+GGUF checkpoint.
 
 Reads config.json and every *.safetensors file (one or many shards), maps checkpoint names onto
 our parameters (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`) and casts to the requested
-dtype while copying, so a float32 checkpoint never exists twice in memory.
+dtype while copying, so a float32 checkpoint never exists twice in memory. A GGUF's tensors go
+through the same names into the engine's quantized formats (gguf_checkpoint.py). Every load
+reports its time, peak memory and weight bytes (load_report.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import logging
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,11 +27,21 @@ from safetensors import safe_open
 # (retrieval's tokenizer). That race failed start-ups with "cannot import name 'AutoConfig'".
 from transformers import AutoConfig
 
-from inference.engine.models.llama import LlamaArgs, LlamaForCausalLM
+from inference.engine.gguf_checkpoint import load_gguf_weights
+from inference.engine.gguf_file import open_gguf
+from inference.engine.gguf_metadata import find_gguf_weights, read_hf_config
+from inference.engine.layers.quantization import (
+    DEFAULT_INT4_GROUP_SIZE,
+    model_weight_bytes,
+    quantize_model,
+    weight_formats,
+)
+from inference.engine.load_report import LoadMeter, LoadReport
+from inference.engine.models.causal_lm import CausalLM, DecoderArgs
+from inference.engine.models.registry import architecture_of
 
 logger = logging.getLogger(__name__)
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 # checkpoint projection name -> (our fused parameter, shard index inside it)
@@ -40,12 +54,19 @@ _FUSED_SHARDS = {
 }
 # Checkpoint entries that are not weights (old transformers saved the RoPE table).
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The image side of multimodal checkpoints (Gemma 3 4B+), whose text decoder is the model.
+_IGNORED_PREFIXES = tuple(
+    f"{prefix}{part}"
+    for prefix in ("", "model.")
+    for part in ("vision_tower.", "multi_modal_projector.")
+)
 
 
 @dataclass(slots=True)
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     hf_config: Any  # transformers.PretrainedConfig
+    report: LoadReport
 
 
 def load_hf_config(model_dir: str | Path) -> Any:
@@ -56,12 +77,7 @@ def load_hf_config(model_dir: str | Path) -> Any:
         raise ValueError(f"{model_dir} has no config.json: not a Hugging Face model directory")
     # NOTE: checked on the raw JSON first so an unknown architecture gets our message, not
     # whatever transformers says about a model type it may not know either.
-    model_type = json.loads(config_path.read_text()).get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"model_type {model_type!r} is not supported by the engine; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
+    architecture_of(json.loads(config_path.read_text()).get("model_type"))
     return AutoConfig.from_pretrained(model_dir)
 
 
@@ -71,22 +87,92 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
     native_kernels: bool = True,
+    quantization: str = "none",
+    quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE,
 ) -> LoadedModel:
-    """The model of `model_dir` in `dtype` on `device` (`native_kernels`: see LlamaForCausalLM)."""
+    """The model of `model_dir` in `dtype` on `device` (`native_kernels`: see LlamaForCausalLM),
+    its weights in `quantization`'s formats.
+
+    `model_dir`: a Hugging Face directory (safetensors), a GGUF file, or a directory whose
+    weights are its model.gguf (inference/model_files.py prepares those). A GGUF loads straight
+    into the engine's formats (gguf_checkpoint.py: "auto" keeps its tensors' precision); a
+    safetensors checkpoint loads in `dtype` and is then quantized (quantization.py; "auto" is
+    "none" for it).
+    """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {SUPPORTED_DTYPES}")
     model_dir = Path(model_dir)
-    started = time.perf_counter()
-    hf_config = load_hf_config(model_dir)
-    args = LlamaArgs.from_hf_config(hf_config)
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} has no *.safetensors weights")
-
+    meter = LoadMeter()
+    gguf_path = find_gguf_weights(model_dir)
+    # NOTE: resolved, so errors and the report name the GGUF itself, not a directory's link to it
+    gguf = None if gguf_path is None else open_gguf(gguf_path.resolve())
+    if gguf is not None and model_dir.is_file():
+        hf_config = read_hf_config(gguf)
+    else:
+        hf_config = load_hf_config(model_dir)
+    architecture = architecture_of(hf_config.model_type)
+    args = architecture.read_args(hf_config)
     # NOTE: built on the meta device: real storage comes from the checkpoint, so nothing is
     # randomly initialised only to be overwritten.
     with torch.device("meta"):
-        model = LlamaForCausalLM(args, native_kernels=native_kernels)
+        model = architecture(args, native_kernels=native_kernels)
+    if gguf is not None:
+        load_gguf_weights(
+            model,
+            gguf,
+            param_name=lambda key: _param_name(key, args),
+            shard_offsets=_shard_offsets(args),
+            dtype=dtype,
+            quantization=quantization,
+            group_size=quantization_group_size,
+            native_kernels=native_kernels,
+        )
+        checkpoint_format, checkpoint_bytes = "gguf", gguf.tensor_bytes
+        del gguf  # NOTE: unmaps the file (nothing built refers to its pages)
+    else:
+        checkpoint_bytes = _load_safetensors(model, model_dir, args, dtype, device)
+        checkpoint_format = "safetensors"
+        model = quantize_model(
+            model,
+            "none" if quantization == "auto" else quantization,
+            quantization_group_size,
+            native_kernels=native_kernels,
+        )
+    model.to(device)
+    model.requires_grad_(False)
+    model.eval()
+    _return_freed_memory()
+    report = meter.finish(
+        model_dir if gguf_path is None else gguf_path.resolve(),
+        checkpoint_format,
+        weight_bytes=model_weight_bytes(model),
+        checkpoint_bytes=checkpoint_bytes,
+        formats=weight_formats(model),
+    )
+    logger.info(
+        "loaded %s (%s, %d layers) as %s",
+        model_dir.name,
+        hf_config.model_type,
+        args.num_layers,
+        dtype,
+    )
+    return LoadedModel(model=model, hf_config=hf_config, report=report)
+
+
+def _return_freed_memory() -> None:
+    """NOTE: glibc keeps the heap that a load's temporaries freed (~150 MB after a GGUF's
+    chunks of rows); malloc_trim hands it back to the system. A no-op without glibc."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _load_safetensors(
+    model: CausalLM, model_dir: Path, args: DecoderArgs, dtype: torch.dtype, device: Any
+) -> int:
+    """Fill `model` from every *.safetensors file of `model_dir`; returns their bytes."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} has no *.safetensors weights")
     params = {
         name: torch.empty(p.shape, dtype=dtype, device=device)
         for name, p in model.named_parameters()
@@ -112,31 +198,19 @@ def load_model(
                 tensor = f.get_tensor(key)
                 if tensor.shape != dest.shape:
                     raise ValueError(
-                        f"checkpoint weight {key!r} has shape {tuple(tensor.shape)}, "
-                        f"expected {tuple(dest.shape)}"
+                        f"checkpoint weight {key!r} in {path.name} has shape "
+                        f"{tuple(tensor.shape)}, expected {tuple(dest.shape)}"
                     )
                 dest.copy_(tensor)
                 missing[name] -= 1
     not_loaded = sorted(name for name, count in missing.items() if count > 0)
     if not_loaded:
         raise ValueError(f"{model_dir} is missing weights: {', '.join(not_loaded[:10])}")
-
     model.load_state_dict(params, strict=False, assign=True)
-    model.to(device)
-    model.requires_grad_(False)
-    model.eval()
-    logger.info(
-        "loaded %s (%s, %d layers) as %s in %.1f s",
-        model_dir.name,
-        hf_config.model_type,
-        args.num_layers,
-        dtype,
-        time.perf_counter() - started,
-    )
-    return LoadedModel(model=model, hf_config=hf_config)
+    return sum(path.stat().st_size for path in files)
 
 
-def _shard_offsets(args: LlamaArgs) -> dict[str, list[tuple[int, int]]]:
+def _shard_offsets(args: DecoderArgs) -> dict[str, list[tuple[int, int]]]:
     """(offset, size) along the output dimension of each shard of the fused parameters."""
     q_size = args.num_heads * args.head_dim
     kv_size = args.num_kv_heads * args.head_dim
@@ -147,11 +221,11 @@ def _shard_offsets(args: LlamaArgs) -> dict[str, list[tuple[int, int]]]:
     }
 
 
-def _param_name(key: str, args: LlamaArgs) -> tuple[str, int | None] | None:
+def _param_name(key: str, args: DecoderArgs) -> tuple[str, int | None] | None:
     """Our parameter name and fused-shard index for checkpoint `key`; None to skip it."""
-    if key.endswith(_IGNORED_SUFFIXES):
+    if key.endswith(_IGNORED_SUFFIXES) or key.startswith(_IGNORED_PREFIXES):
         return None
-    name = key.removeprefix("model.")
+    name = key.removeprefix("model.").removeprefix("language_model.").removeprefix("model.")
     if name == "lm_head.weight" and args.tie_word_embeddings:
         # NOTE: some tied checkpoints store a copy of the embedding; it is the same matrix.
         return None

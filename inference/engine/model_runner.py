@@ -21,10 +21,15 @@ from inference.engine.kernels.decode_layers import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.layers.attention import build_attention_metadata
 from inference.engine.layers.linear import can_pack, pack_linear_layers, pack_model_for_amx
-from inference.engine.layers.quantization import model_weight_bytes, quantize_model
+from inference.engine.layers.quantization import model_weight_bytes
 from inference.engine.loader import load_model
 
 logger = logging.getLogger(__name__)
+
+# Entries of at most this many tokens may run as decodes (see `ModelRunner._runs_as_decodes`):
+# verifications of up to 7 drafts; longer prompt chunks are left to the prefill path, which
+# reads the context's keys/values once for all its tokens.
+MAX_DECODE_SPLIT_TOKENS = 8
 
 
 @dataclass(slots=True)
@@ -46,9 +51,11 @@ class ModelRunner:
 
     The runner reads the config's model, dtype, device, weight and KV formats, KV budget, block
     size, max_model_len and native-kernel switches; the scheduling fields are the engine core's.
+    `num_kv_blocks`, when given, sizes the KV cache instead of `kv_cache_mb` (a draft model's
+    cache holding as many tokens as its target's).
     """
 
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, *, num_kv_blocks: int | None = None) -> None:
         dtype = config.dtype
         if not isinstance(dtype, torch.dtype):  # NOTE: EngineConfig.__post_init__ parsed it
             raise ConfigError(f"dtype {dtype!r} was not resolved to a torch dtype")
@@ -57,22 +64,24 @@ class ModelRunner:
         if native_kernels and dtype == torch.bfloat16:
             kernels.preload()  # a first build happens now, not in the first request
         loaded = load_model(
-            config.model_dir, dtype=dtype, device=device, native_kernels=native_kernels
-        )
-        self.model = quantize_model(
-            loaded.model,
-            config.quantization,
-            config.quantization_group_size,
+            config.model_dir,
+            dtype=dtype,
+            device=device,
             native_kernels=native_kernels,
+            quantization=config.quantization,
+            quantization_group_size=config.quantization_group_size,
         )
-        is_unquantized = config.quantization == "none"
-        if is_unquantized and native_kernels:
+        self.model = loaded.model
+        # NOTE: the float layers left, if any (quantization "none", or a GGUF's float tensors
+        # under "auto"); quantized ones are not nn.Linear and are left alone.
+        if native_kernels:
             pack_model_for_amx(self.model)  # the layers AMX takes (none without AMX)
-        if is_unquantized and can_pack(dtype, device):
+        if can_pack(dtype, device):
             pack_linear_layers(self.model)  # oneDNN: what AMX does not take (or no AMX)
         self.config = config
         self.quantization = config.quantization
         self.weight_bytes = model_weight_bytes(self.model)
+        self.load_report = loaded.report  # time, peak memory, weights vs checkpoint bytes
         self.hf_config = loaded.hf_config
         args = self.model.args
         self.device = device
@@ -88,14 +97,19 @@ class ModelRunner:
             dtype=dtype,
             cache_dtype=config.kv_cache_dtype,
         )
+        budget_bytes = config.kv_cache_bytes
+        if num_kv_blocks is not None:
+            budget_bytes = num_kv_blocks * spec.bytes_per_block
         self.kv_cache = allocate_kv_cache(
             spec,
-            budget_bytes=config.kv_cache_bytes,
+            budget_bytes=budget_bytes,
             max_model_len=self.max_model_len,
             device=device,
         )
         self.num_kv_blocks = self.kv_cache.num_blocks
         # Decode attention straight from the paged cache (bf16 on CPUs with AVX-512 BF16).
+        # NOTE: sliding-window layers never reach it where a context is longer than their
+        # window: their metadata views gather the window (layers/attention/metadata.py).
         self.uses_decode_kernel = (
             native_kernels
             and not spec.is_quantized
@@ -117,6 +131,9 @@ class ModelRunner:
         if not entries:
             raise ValueError("execute() needs at least one entry")
         self._check(entries)
+        logit_rows = None
+        if self._runs_as_decodes(entries):
+            entries, logit_rows = split_into_decodes(entries)
         # NOTE: attention batches single-token entries only when they come first; the logits
         # are put back into the caller's order at the end.
         order = sorted(range(len(entries)), key=lambda i: len(entries[i].token_ids) > 1)
@@ -138,6 +155,7 @@ class ModelRunner:
                 device=self.device,
                 decode_kernel=self.uses_decode_kernel,
                 cascade=not is_fused_step,
+                sliding_windows=self.model.args.distinct_sliding_windows,
             )
             input_ids = torch.tensor(
                 list(itertools.chain.from_iterable(e.token_ids for e in ordered)),
@@ -146,7 +164,9 @@ class ModelRunner:
             )
             hidden = self.model(input_ids, metadata.positions, metadata, self.kv_cache.layers)
             has_multi_logits = any(e.num_logits > 1 for e in entries)
-            if has_multi_logits:
+            if logit_rows is not None:
+                hidden = hidden[torch.tensor(logit_rows, device=self.device)]
+            elif has_multi_logits:
                 rows = _logit_token_indices(entries, order)
                 hidden = hidden[torch.tensor(rows, device=self.device)]
             elif len(input_ids) != len(ordered):
@@ -156,6 +176,20 @@ class ModelRunner:
             if is_reordered and not has_multi_logits:
                 logits = logits[torch.tensor(order).argsort().to(self.device)]
         return logits
+
+    def _runs_as_decodes(self, entries: list[BatchEntry]) -> bool:
+        """Whether this step's few-token entries (speculative verifications, a draft model's
+        catch-ups) run as single-token decodes, on the fused path.
+
+        NOTE: token j of an entry becomes a decode at position num_computed_tokens + j over the
+        same blocks: every layer writes all the step's keys/values before it attends, so each
+        token attends exactly what a decode of it would, and the step runs all layers natively
+        with each weight tile read once for all tokens, instead of layer by layer.
+        """
+        if self.model.fused_decode is None:
+            return False
+        num_tokens = [len(e.token_ids) for e in entries]
+        return max(num_tokens) > 1 and max(num_tokens) <= MAX_DECODE_SPLIT_TOKENS
 
     def _check(self, entries: list[BatchEntry]) -> None:
         """Reject entries that would read or write outside their sequence's blocks."""
@@ -183,6 +217,21 @@ class ModelRunner:
                 )
             if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
+
+
+def split_into_decodes(entries: list[BatchEntry]) -> tuple[list[BatchEntry], list[int]]:
+    """One single-token entry per token of `entries`, and the indices among them of the
+    tokens whose logits the entries want (in the order `execute` returns them)."""
+    decodes, logit_rows = [], []
+    for entry in entries:
+        first_logit = len(decodes) + len(entry.token_ids) - entry.num_logits
+        logit_rows.extend(range(first_logit, first_logit + entry.num_logits))
+        start = entry.num_computed_tokens
+        decodes.extend(
+            BatchEntry([token_id], start + j, entry.block_table)
+            for j, token_id in enumerate(entry.token_ids)
+        )
+    return decodes, logit_rows
 
 
 def _logit_token_indices(entries: list[BatchEntry], order: list[int]) -> list[int]:

@@ -22,7 +22,7 @@ from tests.malicious_files import INJECTION
 
 pytestmark = pytest.mark.slow
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = "smollm2-135m-instruct"
 HANDBOOK = "# Handbook\n\n## Leave\nEvery employee gets thirty days of paid holiday each year.\n"
 SETUP = f"""
 from django.contrib.auth.models import User

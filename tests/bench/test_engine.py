@@ -48,11 +48,14 @@ def test_the_smoke_optimization_table_measures_every_row_and_writes_markdown_and
     for row in rows:
         assert row["ttft_p50_s"] > 0 and row["single_tok_s"] > 0 and row["throughput_tok_s"] > 0
         assert row["kv_peak_mb"] > 0 and 1 < row["perplexity"] < 100
+        assert 0 <= row["answer_f1"] <= 1  # gold-passage F1 (bench.answer_quality)
     by_name = {row["name"]: row for row in rows}
     bf16 = by_name["+ continuous batching"]
     assert by_name["+ int8 weights"]["weights_mb"] < 0.6 * bf16["weights_mb"]
     assert by_name["+ int4 weights"]["weights_mb"] < by_name["+ int8 weights"]["weights_mb"]
     assert bf16["perplexity_change"] == 0.0  # the reference format
+    # Greedy answers depend on the weight/KV format only: rows sharing one share the F1.
+    assert by_name["+ speculative decoding"]["answer_f1"] == bf16["answer_f1"]
     speculative = table["speculative_extractive"]
     assert speculative["identical_text"] and speculative["acceptance_rate"] > 0
     markdown = out.read_text()

@@ -69,7 +69,7 @@ async def test_a_message_streams_start_sources_tokens_and_done_equal_to_the_non_
     assert done["conversation"] == {"id": start["conversation"]["id"], "title": question}
     stats = done["message"]["stats"]
     assert stats["prompt_tokens"] > 100 and stats["ttft_s"] > 0 and stats["tokens_per_s"] >= 0
-    assert stats["model"] == "SmolLM2-135M-Instruct"
+    assert stats["model"] == "smollm2-135m-instruct"
 
     saved_question = await sync_to_async(Message.objects.get)(pk=start["user_message"]["id"])
     builder = prompt_builder_for(served_engine, quick_profile.system_prompt)

@@ -61,7 +61,7 @@ async def test_a_turn_streams_the_answer_then_saves_it_with_sources_and_stats(
     assert question.prompt_content.endswith(f"Question: {QUESTION}")
     assert answer.sources == sources.sources
     assert answer.finish_reason in {"stop", "length"}
-    assert answer.seed == 1 and answer.model == "SmolLM2-135M-Instruct"
+    assert answer.seed == 1 and answer.model == "smollm2-135m-instruct"
     assert answer.prompt_tokens > 100 and answer.completion_tokens <= 24
     assert answer.ttft_s > 0 and answer.cached_tokens is not None
     assert served_engine.eos_token_ids.isdisjoint(answer.token_ids)

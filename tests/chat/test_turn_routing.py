@@ -62,7 +62,7 @@ async def test_a_long_turn_goes_to_the_remote_model_and_a_short_one_stays_local(
     served_engine, quick_profile, alice, upstream, remote_cachet
 ) -> None:
     short = await answer_to(TurnRequest(user=alice, content="Say hello.", seed=1))
-    assert (short.backend, short.route, short.model) == ("local", "short", "SmolLM2-135M-Instruct")
+    assert (short.backend, short.route, short.model) == ("local", "short", "smollm2-135m-instruct")
     assert short.token_ids
 
     long = await answer_to(TurnRequest(user=alice, content=LONG_QUESTION, seed=1))
@@ -99,7 +99,7 @@ async def test_an_explicit_model_choice_wins_and_an_unknown_model_is_refused(
     chosen = await answer_to(TurnRequest(user=alice, content="Hi", model=remote_cachet.model))
     assert (chosen.backend, chosen.route) == ("upstream", "explicit")
     local = await answer_to(
-        TurnRequest(user=alice, content=LONG_QUESTION, model="SmolLM2-135M-Instruct")
+        TurnRequest(user=alice, content=LONG_QUESTION, model="smollm2-135m-instruct")
     )
     assert (local.backend, local.route) == ("local", "explicit")
     with pytest.raises(ChatError) as refused:
@@ -170,7 +170,7 @@ async def test_the_api_lists_and_serves_the_remote_model_with_its_usage(
     models = (await client.get("/v1/models", headers=auth)).json()
     assert "data" in models, models
     listed = [model["id"] for model in models["data"]]
-    assert listed == ["SmolLM2-135M-Instruct", remote_cachet.model, "auto", "all-MiniLM-L6-v2"]
+    assert listed == ["smollm2-135m-instruct", remote_cachet.model, "auto", "all-MiniLM-L6-v2"]
 
     system = {"role": "system", "content": "Be terse. " * 30}
     body = {
@@ -217,7 +217,7 @@ async def test_a_killed_remote_makes_auto_turns_fall_back_and_explicit_ones_fail
     try:
         fallback = await answer_to(TurnRequest(user=alice, content=LONG_QUESTION, seed=1))
         assert (fallback.backend, fallback.route) == ("local", "fallback")
-        assert fallback.model == "SmolLM2-135M-Instruct" and fallback.content
+        assert fallback.model == "smollm2-135m-instruct" and fallback.content
         row = await type(upstream).objects.aget(pk=upstream.pk)
         assert row.health == "down" and "ConnectError" in row.health_detail
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from chatsite import env
+from inference import catalogue
 
 
 def test_booleans_accept_the_usual_words_and_reject_others() -> None:
@@ -96,6 +97,25 @@ def test_model_source_accepts_hub_ids_directories_and_gguf_files(tmp_path: Path)
 def test_model_source_names_what_is_wrong(value: str, message: str) -> None:
     with pytest.raises(env.ConfigError, match=message):
         env.read_model_source({"M": value}, "M")
+
+
+def test_model_source_accepts_a_catalogue_name_and_lists_the_catalogue_for_others() -> None:
+    names = catalogue.CATALOGUE
+    read = env.read_model_source
+    assert read({"M": "gemma-3-270m"}, "M", catalogue=names) == "gemma-3-270m"
+    assert read({}, "M", default="qwen2.5-coder-1.5b-instruct", catalogue=names) == (
+        "qwen2.5-coder-1.5b-instruct"
+    )
+    assert read({"M": "Qwen/Qwen2.5-0.5B"}, "M", catalogue=names) == "Qwen/Qwen2.5-0.5B"
+    with pytest.raises(env.ConfigError) as caught:
+        read({"M": "qwen2.5-coder-7b"}, "M", catalogue=names)
+    assert str(caught.value) == (
+        "M: no model named 'qwen2.5-coder-7b' in the catalogue (smollm2-135m-instruct, "
+        "qwen2.5-coder-0.5b-instruct, qwen2.5-coder-1.5b-instruct, gemma-3-270m); or give a "
+        "Hugging Face id (owner/name), a directory or a .gguf file"
+    )
+    # Without a catalogue (the embedding model) a one-word hub id is still a hub id.
+    assert read({"M": "all-MiniLM-L6-v2"}, "M") == "all-MiniLM-L6-v2"
 
 
 def test_model_source_refuses_a_file_that_is_not_gguf(tmp_path: Path) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from inference.catalogue import DEFAULT_CHAT_MODEL
+
 ROOT = Path(__file__).resolve().parents[2]
 GOOD_KEY = "a-perfectly-good-secret-key-for-these-tests-only"
 PROBE = (
@@ -18,7 +20,7 @@ PROBE = (
     "'layer': settings.CHANNEL_LAYERS['default']['BACKEND'], "
     "'eager': settings.CELERY_TASK_ALWAYS_EAGER, 'broker': settings.CELERY_BROKER_URL, "
     "'data_dir': str(settings.DATA_DIR), 'hosts': settings.ALLOWED_HOSTS, "
-    "'model': settings.CACHET_MODEL}))"
+    "'model': settings.CACHET_MODEL, 'model_cache': str(settings.CACHET_MODEL_CACHE)}))"
 )
 
 
@@ -45,7 +47,19 @@ def test_defaults_are_sqlite_in_memory_layer_and_in_process_tasks(tmp_path: Path
     assert loaded["eager"] is True
     assert loaded["data_dir"] == str(tmp_path.resolve())
     assert loaded["hosts"] == ["localhost", "127.0.0.1", "[::1]"]
-    assert loaded["model"] is None
+    assert loaded["model"] == DEFAULT_CHAT_MODEL
+
+
+def test_the_chat_model_may_be_a_catalogue_name_cached_where_cachet_model_cache_says(
+    tmp_path: Path,
+) -> None:
+    base = {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_DATA_DIR": str(tmp_path)}
+    loaded = load_settings(base | {"XDG_CACHE_HOME": str(tmp_path / "xdg")})
+    assert loaded["model_cache"] == str(tmp_path / "xdg" / "cachet" / "models")
+    loaded = load_settings(
+        base | {"CACHET_MODEL": "gemma-3-270m", "CACHET_MODEL_CACHE": str(tmp_path / "models")}
+    )
+    assert (loaded["model"], loaded["model_cache"]) == ("gemma-3-270m", str(tmp_path / "models"))
 
 
 def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path) -> None:
@@ -71,6 +85,14 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
         ({"CACHET_SECRET_KEY": GOOD_KEY, "DATABASE_URL": "oracle://x/y"}, "DATABASE_URL:"),
         ({"CACHET_SECRET_KEY": GOOD_KEY, "REDIS_URL": "localhost:6379"}, "REDIS_URL:"),
         ({"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_MODEL": "/nope/model.gguf"}, "CACHET_MODEL:"),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_MODEL": "qwen-9000"},
+            "CACHET_MODEL: no model named 'qwen-9000' in the catalogue (smollm2-135m-instruct, ",
+        ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_MODEL_CACHE": "/etc/hostname"},
+            "CACHET_MODEL_CACHE: /etc/hostname exists and is not a directory",
+        ),
         (
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_EMBEDDING_MODEL": "bad id!"},
             "CACHET_EMBEDDING_MODEL:",

@@ -21,8 +21,14 @@ def bfloat16_runner(model_dir: Path, *, kv_cache_mb: int, max_model_len: int):
 def _runner(model_dir: Path, dtype: torch.dtype, kv_cache_mb: int, max_model_len: int):
     from inference.engine import EngineConfig, ModelRunner
 
+    # NOTE: float weights ("none"): the bundled model is a GGUF, which "auto" would keep in int4.
     config = EngineConfig(
-        model_dir, dtype=dtype, kv_cache_mb=kv_cache_mb, block_size=16, max_model_len=max_model_len
+        model_dir,
+        dtype=dtype,
+        quantization="none",
+        kv_cache_mb=kv_cache_mb,
+        block_size=16,
+        max_model_len=max_model_len,
     )
     return ModelRunner(config)
 
@@ -51,7 +57,12 @@ class RealEngines:
         from inference.engine.engine import Engine
 
         runner = self.runner if num_kv_blocks is None else SmallCache(self.runner, num_kv_blocks)
-        settings = {"dtype": "float32", "max_model_len": self.max_model_len, "block_size": 16}
+        settings = {
+            "dtype": "float32",
+            "quantization": "none",
+            "max_model_len": self.max_model_len,
+            "block_size": 16,
+        }
         engine_config = EngineConfig(self.model_dir, **(settings | config))
         self.engines.append(Engine(engine_config, runner=runner, tokenizer=self.tokenizer))
         return self.engines[-1]

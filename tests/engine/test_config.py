@@ -47,11 +47,35 @@ def test_torch_dtypes_are_accepted():
             r"speculative_ngram_max \(2\) must be >= speculative_ngram_min \(3\)",
         ),
         ({"speculative_max_num_seqs": 0}, "speculative_max_num_seqs must be >= 1"),
+        ({"speculative_method": "eagle"}, "speculative_method 'eagle' is not supported"),
+        ({"speculative_method": "draft"}, "speculative_method 'draft' needs draft_model_dir"),
+        ({"draft_model_dir": "small"}, "draft_model_dir is only used with speculative_method"),
+        (
+            {"speculative_method": "draft", "draft_model_dir": "d", "draft_kv_cache_mb": 0},
+            "draft_kv_cache_mb must be > 0",
+        ),
     ],
 )
 def test_bad_settings_raise_config_error(kwargs, message):
     with pytest.raises(ConfigError, match=message):
         EngineConfig("d", **kwargs)
+
+
+def test_the_draft_models_config_keeps_the_formats_and_sizes_its_own_kv_cache():
+    config = EngineConfig(
+        "target",
+        dtype="float32",
+        quantization="int4",
+        num_speculative_tokens=4,
+        speculative_method="draft",
+        draft_model_dir="draft",
+        draft_kv_cache_mb=32,
+    )
+    assert config.uses_draft_model
+    draft = config.draft_config()
+    assert draft.model_dir.name == "draft"
+    assert (draft.quantization, draft.dtype) == ("int4", torch.float32)
+    assert (draft.kv_cache_mb, draft.num_speculative_tokens, draft.draft_model_dir) == (32, 0, None)
 
 
 def test_config_error_is_a_value_error():

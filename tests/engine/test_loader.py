@@ -1,4 +1,4 @@
-"""Loading Hugging Face checkpoints into the fused Llama-family model."""
+"""Loading Hugging Face checkpoints into the engine's models (fused q/k/v and gate/up)."""
 
 from __future__ import annotations
 
@@ -94,3 +94,66 @@ def test_missing_weight_raises_value_error_naming_it(tiny_model_dir, tmp_path):
 def test_directory_without_config_raises_value_error(tmp_path):
     with pytest.raises(ValueError, match="no config.json"):
         load_hf_config(tmp_path)
+
+
+def _rewrite_checkpoint(source, directory, edit) -> None:
+    """Copy checkpoint `source` to `directory` with its weights passed through `edit`."""
+    from safetensors.torch import save_file
+
+    shutil.copytree(source, directory, dirs_exist_ok=True)
+    weights = _checkpoint(directory)
+    for path in directory.glob("*.safetensors"):
+        path.unlink()
+    edit(weights)
+    save_file(weights, directory / "model.safetensors")
+
+
+def test_qwen3_checkpoint_without_its_q_norm_is_refused_naming_the_weight(
+    tiny_model_dir, tmp_path
+):
+    def drop_q_norm(weights):
+        del weights["model.layers.1.self_attn.q_norm.weight"]
+
+    _rewrite_checkpoint(tiny_model_dir("qwen3"), tmp_path, drop_q_norm)
+    with pytest.raises(
+        ValueError, match=rf"{tmp_path} is missing weights: layers\.1\.self_attn\.q_norm\.weight"
+    ):
+        load_model(tmp_path, dtype=torch.float32)
+
+
+def test_weight_of_another_shape_than_the_config_says_is_refused_naming_file_and_weight(
+    tiny_model_dir, tmp_path
+):
+    def shrink_k_norm(weights):
+        key = "model.layers.0.self_attn.k_norm.weight"
+        weights[key] = weights[key][:16].clone()
+
+    _rewrite_checkpoint(tiny_model_dir("gemma3"), tmp_path, shrink_k_norm)
+    with pytest.raises(
+        ValueError,
+        match=r"'model\.layers\.0\.self_attn\.k_norm\.weight' in model\.safetensors has shape "
+        r"\(16,\), expected \(32,\)",
+    ):
+        load_model(tmp_path, dtype=torch.float32)
+
+
+def test_weight_the_config_has_no_place_for_is_refused_naming_file_and_weight(
+    tiny_model_dir, tmp_path
+):
+    """A Qwen3 checkpoint labelled qwen2: its q/k norms do not belong to a Qwen2 model."""
+    _rewrite_checkpoint(tiny_model_dir("qwen3"), tmp_path, lambda weights: None)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = "qwen2"
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"_norm\.weight' in model\.safetensors has no place"):
+        load_model(tmp_path, dtype=torch.float32)
+
+
+def test_gemma3_norms_load_under_their_transformers_names(tiny_model_dir):
+    directory = tiny_model_dir("gemma3")
+    model = load_model(directory, dtype=torch.float32).model
+    ckpt = _checkpoint(directory)
+    for name, param in model.named_parameters():
+        if "norm" in name:
+            assert torch.equal(param, ckpt[f"model.{name}"]), name
+    assert model.lm_head is None  # tied: the checkpoint's lm_head copy is skipped

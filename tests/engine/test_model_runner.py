@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from inference.engine import BatchEntry, EngineConfig, ModelRunner
+from inference.engine import kernels as native_kernels
+from inference.model_files import transformers_weights
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 256
@@ -58,7 +60,10 @@ def greedy_decode(
 def hf_greedy(model_dir, prompts: list[list[int]], num_new_tokens: int, dtype) -> list[list[int]]:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    # NOTE: the bundled model's directory holds a GGUF (model.gguf), which transformers
+    # dequantizes to `dtype`: the values the engine's "none" path holds.
+    weights = transformers_weights(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **weights).eval()
     outputs = []
     for prompt in prompts:
         # NOTE: eos_token_id=None so every sequence runs the full length instead of stopping
@@ -78,6 +83,7 @@ def hf_greedy(model_dir, prompts: list[list[int]], num_new_tokens: int, dtype) -
 def _runner(model_dir, dtype=torch.float32, **overrides) -> ModelRunner:
     options = {
         "dtype": dtype,
+        "quantization": "none",  # the float weights transformers computes with
         "kv_cache_mb": 64,
         "block_size": BLOCK_SIZE,
         "max_model_len": MAX_MODEL_LEN,
@@ -220,3 +226,32 @@ def test_bfloat16_greedy_agreement_with_transformers_is_reported(chat_model_dir,
     rate = same / (NUM_NEW_TOKENS * len(outputs))
     print(f"bf16 greedy agreement with transformers: {rate:.1%}; diverged at {first_divergence}")
     assert all(position > 0 for position in first_divergence)  # the first token is exact
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    native_kernels.load_kernel("decode_layers") is None,
+    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16/VNNI and AMX, and a compiler",
+)
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_a_verification_on_the_fused_path_gives_exactly_the_logits_of_one_token_at_a_time(
+    chat_model_dir, chat_prompts, quantization
+):
+    # What keeps bf16 speculative decoding lossless: a few-token entry (drafts to verify, a draft
+    # model's catch-up) runs as decodes of its tokens, the computation plain decoding does.
+    runner = _runner(chat_model_dir, torch.bfloat16, quantization=quantization)
+    assert runner.model.fused_decode is not None
+    prompt, other = chat_prompts[0], chat_prompts[1]
+    tables = [list(range(8)), list(range(8, 16))]
+    runner.execute([BatchEntry(prompt, 0, tables[0]), BatchEntry(other, 0, tables[1])])
+    drafts = [791, 6386, 282, 4649, 314]
+    verify = BatchEntry(drafts, len(prompt), tables[0], num_logits=len(drafts))
+    catch_up = BatchEntry([11, 12, 13], len(other), tables[1])
+    together = runner.execute([verify, catch_up])
+    one_by_one = [
+        runner.execute([BatchEntry([token_id], len(prompt) + j, tables[0])])
+        for j, token_id in enumerate(drafts)
+    ]
+    for j, token_id in enumerate([11, 12, 13]):
+        one_by_one.append(runner.execute([BatchEntry([token_id], len(other) + j, tables[1])]))
+    assert torch.equal(together, torch.cat([*one_by_one[:5], one_by_one[-1]]))

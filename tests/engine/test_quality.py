@@ -42,10 +42,21 @@ GREEDY_BLOCKS_PER_SEQ = 8  # prompt + answer <= 128 tokens
 # NOTE: enough bf16 blocks (SmolLM2: 30 layers, 3 KV heads of 64) for 50 greedy sequences.
 KV_CACHE_BLOCKS = 50 * GREEDY_BLOCKS_PER_SEQ
 # (quantization, kv_cache_dtype) -> perplexity may exceed bf16's by at most this ratio
-PERPLEXITY_BOUNDS = {("int8", "auto"): 1.02, ("int4", "auto"): 1.10, ("none", "int8"): 1.02}
+PERPLEXITY_BOUNDS = {
+    ("int8", "auto"): 1.02,
+    ("int4", "auto"): 1.10,
+    ("none", "int8"): 1.02,
+    # the GGUF's own formats: its Q4_1 codes kept, its Q8_0 table in int8 rows (measured +0.27%)
+    ("auto", "auto"): 1.01,
+}
 # NOTE: lower bounds on the mean share of the 32 greedy tokens that match bf16 before the first
 # difference, ~0.12-0.16 under what was measured (see the module docstring).
-AGREEMENT_BOUNDS = {("int8", "auto"): 0.45, ("int4", "auto"): 0.5, ("none", "int8"): 0.6}
+AGREEMENT_BOUNDS = {
+    ("int8", "auto"): 0.45,
+    ("int4", "auto"): 0.5,
+    ("none", "int8"): 0.6,
+    ("auto", "auto"): 0.6,
+}
 
 
 def make_runner(model_dir: Path, quantization: str, kv_cache_dtype: str) -> ModelRunner:
@@ -131,7 +142,8 @@ def test_the_prompts_are_50_distinct_questions(prompts):
 
 
 @pytest.mark.parametrize(
-    ("quantization", "kv_cache_dtype"), [("int8", "auto"), ("int4", "auto"), ("none", "int8")]
+    ("quantization", "kv_cache_dtype"),
+    [("int8", "auto"), ("int4", "auto"), ("none", "int8"), ("auto", "auto")],
 )
 def test_quantized_perplexity_and_greedy_agreement_stay_close_to_bf16(
     chat_model_dir, text_token_ids, prompts, reference, quantization, kv_cache_dtype

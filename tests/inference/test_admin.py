@@ -6,7 +6,7 @@ import pytest
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 
-from inference import runtime
+from inference import catalogue, runtime
 from inference.models import APP_FIELDS, ModelConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,6 +26,9 @@ FORM = {
     "quantization_group_size": 32,
     "kv_cache_dtype": "auto",
     "num_speculative_tokens": 2,
+    "speculative_method": "ngram",
+    "draft_source": "",
+    "draft_kv_cache_mb": "",
     "temperature": 0.5,
     "top_p": 0.9,
     "top_k": "",
@@ -69,6 +72,44 @@ def test_an_invalid_configuration_is_refused_with_the_reason_shown(staff_client,
     response = staff_client.post(ADD_URL, FORM | {"source": str(tmp_path / "nope")})
     assert response.status_code == 200
     assert "no such file or directory" in response.content.decode()
+    assert not ModelConfig.objects.exists()
+
+
+def test_the_source_field_offers_the_catalogue_and_still_takes_free_text(
+    staff_client, settings, tmp_path
+) -> None:
+    settings.CACHET_MODEL_CACHE = tmp_path  # nothing fetched here
+    page = staff_client.get(ADD_URL).content.decode()
+    assert 'list="id_source-catalogue"' in page
+    datalist = page[page.index('<datalist id="id_source-catalogue">') :]
+    datalist = datalist[: datalist.index("</datalist>")]
+    assert datalist.count("<option ") == len(catalogue.CATALOGUE)
+    assert (
+        '<option value="qwen2.5-coder-1.5b-instruct">Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M, '
+        "1,117 MB (instruct, default, fetched on activation)</option>"
+    ) in datalist
+    assert '<option value="gemma-3-270m">Gemma 3 270M (base), GGUF Q4_K_M, 253 MB (base, ' in (
+        datalist
+    )
+    assert "SmolLM2-135M-Instruct, GGUF Q4_1, 98 MB (instruct)</option>" in datalist
+
+
+def test_a_catalogue_name_is_a_valid_source_even_before_it_is_fetched(
+    staff_client, settings, tmp_path
+) -> None:
+    settings.CACHET_MODEL_CACHE = tmp_path
+    response = staff_client.post(ADD_URL, FORM | {"source": "qwen2.5-coder-0.5b-instruct"})
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert ModelConfig.objects.get(name="smaller").source == "qwen2.5-coder-0.5b-instruct"
+    assert list(tmp_path.iterdir()) == []  # fetched on activation, not on saving
+
+
+def test_a_misspelt_catalogue_name_is_refused_with_the_catalogue_listed(staff_client) -> None:
+    response = staff_client.post(ADD_URL, FORM | {"source": "qwen2.5-coder-1.5b"})
+    assert response.status_code == 200
+    assert "no model named &#x27;qwen2.5-coder-1.5b&#x27; in the catalogue" in (
+        response.content.decode()
+    )
     assert not ModelConfig.objects.exists()
 
 

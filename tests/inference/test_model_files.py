@@ -6,11 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
-from safetensors import safe_open
+from django.conf import settings as django_settings
 
-from inference import model_files
+from inference import catalogue, model_files
+from inference.catalogue import BUNDLED_CHAT_MODEL
 from inference.model_files import (
     MissingModelPackage,
+    ModelNotPrepared,
     ModelSourceError,
     resolve_chat_model,
     resolve_embedding_model,
@@ -18,25 +20,96 @@ from inference.model_files import (
 
 
 @pytest.mark.slow
-def test_the_bundled_gguf_is_converted_once_then_reused(chat_model_dir: Path) -> None:
+def test_the_bundled_gguf_is_prepared_once_as_config_tokenizer_and_a_link(
+    chat_model_dir: Path,
+) -> None:
     models_dir = chat_model_dir.parent
-    again = resolve_chat_model(None, models_dir)
-    assert again.action == "cached"
+    again = resolve_chat_model(BUNDLED_CHAT_MODEL, models_dir)
+    assert (again.action, again.source) == ("cached", BUNDLED_CHAT_MODEL)
     assert again.directory == chat_model_dir
     config = json.loads((chat_model_dir / "config.json").read_text())
     assert config["model_type"] == "llama"
     assert config["num_hidden_layers"] == 30
     assert (chat_model_dir / "tokenizer.json").is_file()
-    with safe_open(chat_model_dir / "model.safetensors", "pt") as weights:
-        assert "model.embed_tokens.weight" in weights.keys()  # noqa: SIM118 - safe_open API
+    # the weights stay the GGUF's: no dequantized copy
+    gguf = chat_model_dir / "model.gguf"
+    assert gguf.is_symlink() and gguf.resolve() == model_files.bundled_chat_gguf().resolve()
+    assert not list(chat_model_dir.glob("*.safetensors"))
+    assert model_files.transformers_weights(chat_model_dir) == {"gguf_file": "model.gguf"}
     marker = json.loads((chat_model_dir / model_files.SOURCE_MARKER).read_text())
     assert marker["gguf"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert marker["layout"] == model_files.PREPARED_LAYOUT
+
+
+@pytest.mark.slow
+def test_a_directory_of_the_old_dequantized_layout_is_prepared_again(tmp_path: Path) -> None:
+    gguf = model_files.bundled_chat_gguf()
+    target = tmp_path / f"{gguf.stem}-{gguf.stat().st_size}"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"old weights")
+    marker = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size}
+    marker["mtime_ns"] = gguf.stat().st_mtime_ns
+    (target / model_files.SOURCE_MARKER).write_text(json.dumps(marker))
+    resolved = resolve_chat_model(BUNDLED_CHAT_MODEL, tmp_path)
+    assert (resolved.directory, resolved.action) == (target, "converted")
+    assert sorted(p.name for p in target.glob("model.*")) == ["model.gguf"]
+
+
+@pytest.mark.slow
+def test_a_prepared_qwen_keeps_its_chat_template(catalogue_gguf) -> None:
+    from transformers import AutoTokenizer
+
+    from inference.engine.gguf_file import open_gguf
+
+    name = "qwen2.5-coder-1.5b-instruct"
+    directory = resolve_chat_model(
+        name, Path(django_settings.MODELS_DIR), model_cache=django_settings.CACHET_MODEL_CACHE
+    ).directory
+    template = open_gguf(catalogue_gguf(name)).metadata["tokenizer.chat_template"]
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    assert tokenizer.chat_template == template
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+    assert "<|im_start|>user\nHi<|im_end|>" in ids
 
 
 def test_without_may_prepare_an_unconverted_gguf_is_reported_not_converted(tmp_path: Path) -> None:
     with pytest.raises(ModelSourceError, match="run: python manage.py prepare_models"):
-        resolve_chat_model(None, tmp_path, may_prepare=False)
+        resolve_chat_model(BUNDLED_CHAT_MODEL, tmp_path, may_prepare=False)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_without_may_prepare_an_unfetched_catalogue_model_names_the_command(tmp_path) -> None:
+    with pytest.raises(ModelNotPrepared) as caught:
+        resolve_chat_model(
+            "qwen2.5-coder-1.5b-instruct",
+            tmp_path / "models",
+            may_prepare=False,
+            model_cache=tmp_path / "cache",
+        )
+    assert str(caught.value) == (
+        f"qwen2.5-coder-1.5b-instruct has not been fetched into {tmp_path / 'cache'} yet; "
+        "run: python manage.py prepare_models --model qwen2.5-coder-1.5b-instruct"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_fetched_catalogue_model_goes_on_to_its_gguf_file(catalogue_gguf, tmp_path) -> None:
+    gguf = catalogue_gguf("gemma-3-270m")
+    with pytest.raises(ModelNotPrepared, match=gguf.name):  # found, but not converted here yet
+        resolve_chat_model("gemma-3-270m", tmp_path, may_prepare=False)
+
+
+def test_an_unknown_catalogue_name_lists_the_catalogue(tmp_path: Path) -> None:
+    with pytest.raises(
+        ModelSourceError, match="no model named 'smollm3' in the catalogue"
+    ) as caught:
+        resolve_chat_model("smollm3", tmp_path)
+    assert ", ".join(catalogue.CATALOGUE) in str(caught.value)
+
+
+def test_no_source_is_a_mistake_not_the_bundled_model(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match="needs a source"):
+        resolve_chat_model(None, tmp_path)  # type: ignore[arg-type]
 
 
 def test_a_missing_model_package_names_the_package_and_the_install_command() -> None:
@@ -60,7 +133,7 @@ def test_a_truncated_gguf_fails_with_a_clear_error_and_leaves_nothing_behind(
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(model_files.bundled_chat_gguf().read_bytes()[:4096])
     models_dir = tmp_path / "models"
-    with pytest.raises(ModelSourceError, match="could not convert"):
+    with pytest.raises(ModelSourceError, match="broken.gguf: the GGUF header is truncated"):
         resolve_chat_model(str(broken), models_dir)
     assert list(models_dir.iterdir()) == []
 

@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
 from inference.engine import EngineConfig
-from inference.engine.config import DTYPE_NAMES
+from inference.engine.config import DTYPE_NAMES, SPECULATIVE_METHODS
 from inference.engine.kv_cache import KV_CACHE_DTYPES
 from inference.engine.layers.quantization import QUANTIZATION_METHODS
 from inference.models import APP_DEFAULT_OVERRIDES, APP_FIELDS, ModelConfig
@@ -89,6 +89,42 @@ def test_the_speed_options_reach_the_engine_config(chat_model_dir) -> None:
     assert engine_config.num_speculative_tokens == 3
 
 
+def test_the_draft_model_reaches_the_engine_config_as_a_directory(chat_model_dir) -> None:
+    from inference.runtime import engine_config_for
+
+    config = ModelConfig(name="draft", speculative_method="draft", draft_source=str(chat_model_dir))
+    config.full_clean()  # a model may draft for itself
+    engine_config = engine_config_for(config)
+    assert (engine_config.speculative_method, engine_config.draft_model_dir) == (
+        "draft",
+        chat_model_dir,
+    )
+    # The n-gram method ignores a draft source left in the form.
+    config.speculative_method = "ngram"
+    assert engine_config_for(config).draft_model_dir is None
+
+
+def test_the_draft_method_without_a_draft_model_is_refused_on_the_draft_source(
+    chat_model_dir,
+) -> None:
+    errors = errors_of(ModelConfig(name="d", speculative_method="draft"))
+    assert errors == {"draft_source": ["the speculative method 'draft' needs a draft model"]}
+
+
+def test_a_draft_of_another_vocabulary_is_refused_naming_both_models(
+    chat_model_dir, catalogue_gguf, settings
+) -> None:
+    from inference.model_files import resolve_chat_model
+
+    qwen = "qwen2.5-coder-0.5b-instruct"
+    catalogue_gguf(qwen)
+    resolve_chat_model(qwen, settings.MODELS_DIR, model_cache=settings.CACHET_MODEL_CACHE)
+    errors = errors_of(ModelConfig(name="d", speculative_method="draft", draft_source=qwen))
+    [message] = errors["draft_source"]
+    assert message.startswith(f"{qwen} cannot draft for {settings.CACHET_MODEL}: ")
+    assert "vocabulary sizes differ (49152 vs 151936)" in message
+
+
 def test_max_model_len_cannot_exceed_the_models_positions(chat_model_dir) -> None:
     errors = errors_of(ModelConfig(name="long", max_model_len=100_000, kv_cache_mb=4096))
     assert errors["max_model_len"] == ["the model supports at most 8192 positions"]
@@ -128,6 +164,8 @@ NON_DEFAULT_SETTINGS = {
     "quantization_group_size": 64,
     "kv_cache_dtype": "int8",
     "num_speculative_tokens": 2,
+    "speculative_method": "draft",
+    "draft_kv_cache_mb": 32,
 }
 
 
@@ -146,12 +184,13 @@ def test_every_shared_setting_reaches_the_engine_config_by_name(tmp_path: Path) 
     shared = model_field_names() & set(ENGINE_FIELD_DEFAULTS)
     assert set(NON_DEFAULT_SETTINGS) == shared, "give each shared setting a non-default value"
     config = ModelConfig(name="all-set", **NON_DEFAULT_SETTINGS)
-    engine_config = config.engine_config(tmp_path)
+    engine_config = config.engine_config(tmp_path, draft_model_dir=tmp_path / "draft")
     for name, value in NON_DEFAULT_SETTINGS.items():
         assert value != ModelConfig._meta.get_field(name).default, name
         expected = torch.float32 if name == "dtype" else value
         assert getattr(engine_config, name) == expected, name
     assert engine_config.model_dir == tmp_path
+    assert engine_config.draft_model_dir == tmp_path / "draft"
 
 
 def test_the_process_wide_settings_reach_every_engine_config(settings, tmp_path: Path) -> None:
@@ -176,3 +215,4 @@ def test_the_admin_offers_exactly_the_values_the_engine_accepts() -> None:
     assert set(ModelConfig.Dtype.values) == {"auto", *DTYPE_NAMES}
     assert set(ModelConfig.Quantization.values) == set(QUANTIZATION_METHODS)
     assert set(ModelConfig.KvCacheDtype.values) == set(KV_CACHE_DTYPES)
+    assert set(ModelConfig.SpeculativeMethod.values) == set(SPECULATIVE_METHODS)

@@ -29,7 +29,7 @@ def test_without_a_configuration_the_default_model_is_served() -> None:
     assert runtime.engine_status() == {
         "status": "ready",
         "config": "default",
-        "model": "SmolLM2-135M-Instruct",
+        "model": "smollm2-135m-instruct",
         "error": "",
     }
     [result] = runtime.get_engine().generate(["The capital of France is"], GREEDY)
@@ -68,6 +68,42 @@ def test_a_configuration_that_fails_to_load_leaves_the_previous_engine_serving(t
     assert status["config"] == "default"
     assert "loading 'broken' failed" in status["error"]
     assert "has no config.json" in status["error"]
+
+
+@pytest.mark.parametrize(
+    ("broken", "reason"),
+    [
+        ("truncated", "the file is truncated: tensor "),
+        ("unknown type", "tensor 'blk.3.ffn_up.weight' is of quantization type IQ4_NL"),
+        ("wrong shape", "but the model's config makes layers.0.mlp."),
+    ],
+)
+def test_a_broken_gguf_is_refused_and_the_previous_engine_keeps_serving(
+    settings, tmp_path, broken, reason
+) -> None:
+    import gguf
+
+    from inference.model_files import bundled_chat_gguf
+    from tests.engine.broken_gguf import truncated_copy, with_metadata_value, with_tensor_type
+
+    source, path = bundled_chat_gguf(), tmp_path / "broken.gguf"
+    if broken == "truncated":
+        truncated_copy(source, path, source.stat().st_size - 4096)
+    elif broken == "unknown type":
+        with_tensor_type(source, path, "blk.3.ffn_up.weight", gguf.GGMLQuantizationType.IQ4_NL)
+    else:
+        with_metadata_value(source, path, "llama.feed_forward_length", 1024)
+    runtime.start_engine(wait=True)
+    serving = runtime.get_engine()
+    settings.MODELS_DIR = tmp_path / "models"  # where the broken file is prepared, if it is
+    runtime.reload_engine(ModelConfig(name="broken", source=str(path)), wait=True)
+    assert runtime.get_engine() is serving
+    status = runtime.engine_status()
+    assert (status["status"], status["config"]) == ("ready", "default")
+    assert "loading 'broken' failed" in status["error"]
+    assert str(path) in status["error"] and reason in status["error"]
+    [result] = serving.generate(["The capital of France is"], GREEDY)
+    assert result.usage.completion_tokens == 8
 
 
 def test_a_failed_first_load_is_reported_by_get_engine(settings, tmp_path) -> None:

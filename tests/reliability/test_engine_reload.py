@@ -40,7 +40,7 @@ from tests.reliability.helpers import wait_for
 
 pytestmark = pytest.mark.slow
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = "smollm2-135m-instruct"
 PASSWORD = "reload-admin-password-1"
 SETUP = f"""
 from django.contrib.auth.models import User

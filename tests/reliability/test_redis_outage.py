@@ -30,7 +30,7 @@ from tests.reliability.helpers import ThrowawayRedis, wait_for
 
 pytestmark = pytest.mark.slow
 
-MODEL = "SmolLM2-135M-Instruct"
+MODEL = "smollm2-135m-instruct"
 SETUP = """
 from django.contrib.auth.models import User
 from django.core.files.base import ContentFile

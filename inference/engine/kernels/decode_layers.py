@@ -31,9 +31,11 @@ from inference.engine.kv_cache import LayerKVCache
 from inference.engine.layers.attention import AttentionMetadata
 from inference.engine.layers.linear import AmxLinear
 from inference.engine.layers.quantization import Int4Linear
+from inference.engine.models.causal_lm import CausalLM
+from inference.engine.models.llama import LlamaForCausalLM
 
 if TYPE_CHECKING:
-    from inference.engine.models.llama import DecoderLayer, LlamaForCausalLM
+    from inference.engine.models.llama import DecoderLayer
 
 logger = logging.getLogger(__name__)
 
@@ -142,16 +144,22 @@ def _describe_layer(
     )
 
 
-def is_supported(model: LlamaForCausalLM, kv_caches: list[LayerKVCache], block_size: int) -> bool:
+def is_supported(model: CausalLM, kv_caches: list[LayerKVCache], block_size: int) -> bool:
     """Whether all decoder layers of `model` can run in one native call with these caches.
 
-    The attention inside is paged_decode_attention's, so its shapes apply; the norms and the KV
-    cache must be bf16, every linear layer must run a native kernel (AMX bf16 or int4 VNNI), and
-    the kernel must be built for this machine.
+    The C code runs the plain Llama layer: no per-head q/k norms (Qwen3), no sliding windows,
+    and no other architecture (Gemma's norms and GeGLU). The attention inside is
+    paged_decode_attention's, so its shapes apply; the norms and the KV cache must be bf16,
+    every linear layer must run a native kernel (AMX bf16 or int4 VNNI), and the kernel must be
+    built for this machine.
     """
+    if not isinstance(model, LlamaForCausalLM):
+        return False
     args = model.args
     return (
-        args.num_heads % args.num_kv_heads == 0
+        not args.qk_norm
+        and not args.distinct_sliding_windows
+        and args.num_heads % args.num_kv_heads == 0
         and paged_decode_kernel.is_supported(
             torch.bfloat16,
             torch.device("cpu"),
@@ -212,10 +220,12 @@ class FusedDecode:
 
     @classmethod
     def build(
-        cls, model: LlamaForCausalLM, kv_caches: list[LayerKVCache], block_size: int
+        cls, model: CausalLM, kv_caches: list[LayerKVCache], block_size: int
     ) -> FusedDecode | None:
         """The fused path for this model and cache, or None where it is not supported."""
-        if not is_supported(model, kv_caches, block_size):
+        if not is_supported(model, kv_caches, block_size) or not isinstance(
+            model, LlamaForCausalLM
+        ):
             return None
         layers = _describe_layers(model, kv_caches)
         kernel = _kernel()

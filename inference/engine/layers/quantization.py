@@ -21,6 +21,11 @@ memory: 34.0% of bf16 with the native kernel's int4 format (35.2% in PyTorch's) 
   GGUF model, whose weights it then reproduces almost exactly (the scales are rounded to the
   model dtype).
 
+Layers can also be built from weights already quantized (a GGUF checkpoint's, loaded tensor by
+tensor by gguf_checkpoint.py): `Int4Linear.from_codes` keeps a file's 4-bit codes and maps its
+scales onto either format, `Int8Linear.from_codes` takes rows quantized a chunk at a time
+(`quantize_rows_int8`).
+
 Kernels: bf16 int4 layers on CPUs with AVX-512 VNNI and BF16 store their codes in the layout
 of the native kernel (kernels/int4_linear.py) and run it up to `int4_linear.MAX_TOKENS`
 tokens a step: ~2.5x PyTorch's int4 kernel at one token. Otherwise, on CPU, a step of at most
@@ -55,7 +60,9 @@ from inference.engine.kernels.int4_linear import (
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_METHODS = ("none", "int8", "int4")
+# "auto": a checkpoint's own precision (a GGUF's tensor types, gguf_checkpoint.py); a float
+# checkpoint has none, so for it (and for quantize_model) "auto" is "none".
+QUANTIZATION_METHODS = ("auto", "none", "int8", "int4")
 INT4_GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
 DEFAULT_INT4_GROUP_SIZE = 32
 TABLE_METHOD = "int8"  # the embedding and lm_head, whatever the method (see the NOTE above)
@@ -132,18 +139,41 @@ class QuantizedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
+def quantize_rows_int8(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes int8 [rows, K], scales [rows] in `dtype`) of float weight rows: symmetric, one scale
+    per row. Row by row, so a large matrix can be quantized a chunk of rows at a time."""
+    w = rows.float()
+    # NOTE: the scale is rounded to the model dtype before the codes are computed, so the
+    # codes are the best ones for the scale the kernel will really use.
+    scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(dtype)
+    codes = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+    return codes, scales
+
+
 class Int8Linear(QuantizedLinear):
     weight_int8: torch.Tensor  # [out, in] int8
     scales: torch.Tensor  # [out], one per output row
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch.dtype | None = None
+    ) -> None:
+        """`weight` quantized per row, its scales in `dtype` (the model's; default: weight's)."""
+        codes, scales = quantize_rows_int8(weight, dtype or weight.dtype)
         super().__init__()
-        self.out_features, self.in_features = weight.shape
-        w = weight.float()
-        # NOTE: the scale is rounded to the model dtype before the codes are computed, so the
-        # codes are the best ones for the scale the kernel will really use.
-        scales = (w.abs().amax(dim=1) / 127).clamp(min=1e-12).to(weight.dtype)
-        codes = torch.round(w / scales.float()[:, None]).clamp(-127, 127).to(torch.int8)
+        self._store(codes, scales, bias)
+
+    @classmethod
+    def from_codes(
+        cls, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+    ) -> Int8Linear:
+        """A layer of already quantized rows (`quantize_rows_int8`, e.g. a chunk at a time)."""
+        layer = cls.__new__(cls)
+        QuantizedLinear.__init__(layer)
+        layer._store(codes, scales, bias)
+        return layer
+
+    def _store(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+        self.out_features, self.in_features = codes.shape
         self.register_buffer("weight_int8", codes.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("bias", bias)
@@ -204,6 +234,8 @@ class Int4Linear(QuantizedLinear):
     scales: torch.Tensor
     zero_points: torch.Tensor
     scales_and_zeros: torch.Tensor
+    # groups of a checkpoint's codes that `from_codes` had to refit to the native grid
+    num_refitted_groups: int = 0
 
     def __init__(
         self,
@@ -212,11 +244,76 @@ class Int4Linear(QuantizedLinear):
         group_size: int,
         *,
         native_kernels: bool = True,
+        dtype: torch.dtype | None = None,
     ) -> None:
         """`native_kernels`: use the native int4 kernel's format where it is supported (False:
-        PyTorch's format and kernels only, as EngineConfig.native_kernels says)."""
+        PyTorch's format and kernels only, as EngineConfig.native_kernels says). `dtype`: the
+        model's (default: the weight's), which decides the format and PyTorch's scale dtype."""
         super().__init__()
-        self.out_features, self.in_features = weight.shape
+        dtype = dtype or weight.dtype
+        self._start(weight.shape, bias, group_size, dtype, weight.device, native_kernels)
+        groups = self._padded(weight.float()).view(self._padded_rows, -1, group_size)
+        if self.is_native:
+            self._store_native(*quantize_int4_vnni(groups))
+            return
+        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
+        scales = ((high - low) / 15).clamp(min=1e-12).to(dtype)
+        zeros = (low + 8 * scales.float()).to(dtype)
+        codes = torch.round(
+            (groups - zeros.float()[..., None]) / scales.float()[..., None] + 8
+        ).clamp(0, 15)
+        self._store_torch(codes.view(self._padded_rows, -1), scales, zeros)
+
+    @classmethod
+    def from_codes(
+        cls,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        offsets: torch.Tensor,
+        bias: torch.Tensor | None,
+        group_size: int,
+        *,
+        dtype: torch.dtype,
+        native_kernels: bool = True,
+    ) -> Int4Linear:
+        """The layer of weights w = scales * q + offsets, per group of `group_size` columns:
+        codes uint8 [out, in] in [0, 15], scales and offsets float32 [out, in / group_size]
+        (GGUF's Q4_0 / Q4_1 / Q4_K blocks, gguf_blocks.py), kept as they are.
+
+        PyTorch's format holds them exactly (zero = offset + 8 scale, both in `dtype`). The
+        native one has a bf16 scale s and a zero point z in sixteenths of s: s = scale rounded
+        to bf16, z = round(-16 offset / s), so a weight moves by at most 15 |scale - s| + s / 32.
+        A group whose z does not fit a byte (values all of one sign) is refitted from its values
+        (`quantize_int4_vnni`); `num_refitted_groups` counts them. The layer takes `codes` over:
+        refitted groups are rewritten in it.
+        """
+        layer = cls.__new__(cls)
+        QuantizedLinear.__init__(layer)
+        layer._start(codes.shape, bias, group_size, dtype, codes.device, native_kernels)
+        # NOTE: padding rows get a scale of 1, so their (zero) groups map to the grid as they are.
+        codes, offsets = layer._padded(codes), layer._padded(offsets)
+        scales = layer._padded(scales, fill=1.0)
+        if layer.is_native:
+            *native, layer.num_refitted_groups = _codes_to_native_grid(
+                codes, scales, offsets, group_size
+            )
+            layer._store_native(*native)
+            return layer
+        scales_in_dtype = scales.to(dtype)
+        zeros = (offsets + 8 * scales_in_dtype.float()).to(dtype)
+        layer._store_torch(codes, scales_in_dtype, zeros)
+        return layer
+
+    def _start(
+        self,
+        shape: torch.Size | tuple[int, ...],
+        bias: torch.Tensor | None,
+        group_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        native_kernels: bool,
+    ) -> None:
+        self.out_features, self.in_features = shape
         if self.in_features % group_size:
             raise ValueError(
                 f"a linear layer with {self.in_features} input features cannot be quantized in "
@@ -225,33 +322,35 @@ class Int4Linear(QuantizedLinear):
         self.group_size = group_size
         # NOTE: rows padded to a multiple of 64 (the kernel's row block) with zeros; the extra
         # outputs are sliced off.
-        padded_rows = -(-self.out_features // INT4_ROW_BLOCK) * INT4_ROW_BLOCK
-        w = weight.float()
-        if padded_rows != self.out_features:
-            w = torch.cat((w, w.new_zeros(padded_rows - self.out_features, self.in_features)))
-        groups = w.view(padded_rows, -1, group_size)
+        self._padded_rows = -(-self.out_features // INT4_ROW_BLOCK) * INT4_ROW_BLOCK
         self.is_native = native_kernels and native_int4.is_supported(
-            self.in_features, group_size, weight.dtype, weight.device
+            self.in_features, group_size, dtype, device
         )
         self.register_buffer("bias", bias)
         self._native_matmul: Int4VnniMatmul | None = None
-        if self.is_native:
-            codes, scales, zero_points = quantize_int4_vnni(groups)
-            self.register_buffer("weight_int4", pack_int4_vnni(codes.view(padded_rows, -1)))
-            self.register_buffer("scales", scales)  # [num_groups, padded_rows] bf16
-            self.register_buffer("zero_points", zero_points)  # [num_groups, padded_rows] uint8
-            self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
-            self._native_matmul = Int4VnniMatmul(
-                self.weight_int4, scales, zero_points, group_size, self.out_features
-            )
-            return
-        low, high = groups.amin(dim=-1), groups.amax(dim=-1)
-        scales = ((high - low) / 15).clamp(min=1e-12).to(weight.dtype)
-        zeros = (low + 8 * scales.float()).to(weight.dtype)
-        codes = torch.round(
-            (groups - zeros.float()[..., None]) / scales.float()[..., None] + 8
-        ).clamp(0, 15)
-        self.register_buffer("weight_int4", pack_int4(codes.view(padded_rows, -1)))
+
+    def _padded(self, rows: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """`rows` [out, ...] with rows of `fill` up to the padded row count."""
+        missing = self._padded_rows - rows.shape[0]
+        if not missing:
+            return rows
+        return torch.cat((rows, rows.new_full((missing, *rows.shape[1:]), fill)))
+
+    def _store_native(
+        self, codes: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor
+    ) -> None:
+        """codes [rows, groups, group_size], scales and zero points [groups, rows]."""
+        self.register_buffer("weight_int4", pack_int4_vnni(codes.view(self._padded_rows, -1)))
+        self.register_buffer("scales", scales)  # [num_groups, padded_rows] bf16
+        self.register_buffer("zero_points", zero_points)  # [num_groups, padded_rows] uint8
+        self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
+        self._native_matmul = Int4VnniMatmul(
+            self.weight_int4, scales, zero_points, self.group_size, self.out_features
+        )
+
+    def _store_torch(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
+        """codes [rows, in], scales and zeros [rows, groups] in the model dtype."""
+        self.register_buffer("weight_int4", pack_int4(codes))
         # [num_groups, padded_rows, 2]: the kernel's scales_and_zeros layout
         self.register_buffer(
             "scales_and_zeros", torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
@@ -333,6 +432,31 @@ class Int4Linear(QuantizedLinear):
         return grouped.view(num_rows, self.in_features).to(dtype)
 
 
+def _codes_to_native_grid(
+    codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """`Int4Linear.from_codes`'s mapping: (codes [rows, groups, group_size], bf16 scales and
+    uint8 zero points [groups, rows], the number of groups refitted)."""
+    num_rows = codes.shape[0]
+    # NOTE: no copy (a 1.5B model's token table has 233 MB of codes): refits are written in place.
+    grouped = codes.to(torch.uint8).view(num_rows, -1, group_size)
+    step = scales.to(torch.bfloat16)
+    zero_points = torch.round(-16 * offsets / step.float())
+    # NOTE: a negative scale is fine (Q4_0 has them: its d takes the sign of the largest value);
+    # a zero one (a constant group) has no zero point.
+    fits = (step != 0) & torch.isfinite(zero_points) & (zero_points >= 0) & (zero_points <= 255)
+    zero_points = torch.where(fits, zero_points, 0).to(torch.uint8)
+    rows, groups = (~fits).nonzero(as_tuple=True)
+    if len(rows):
+        values = grouped[rows, groups].float() * scales[rows, groups, None]
+        values += offsets[rows, groups, None]
+        refit_codes, refit_scales, refit_zero_points = quantize_int4_vnni(values[:, None, :])
+        grouped[rows, groups] = refit_codes[:, 0]
+        step[rows, groups] = refit_scales[0]
+        zero_points[rows, groups] = refit_zero_points[0]
+    return grouped, step.T.contiguous(), zero_points.T.contiguous(), len(rows)
+
+
 class QuantizedEmbedding(nn.Module):
     """Token lookup from a quantized weight table (rows dequantized per lookup).
 
@@ -370,12 +494,12 @@ def quantize_model(
 ) -> Model:
     """Swap the model's linear layers and token embedding for quantized ones, in place.
 
-    `method` "none" leaves the model as it is. The float weights are released as each module is
-    replaced, so peak memory grows by one layer, not one model. `native_kernels`: see
-    `Int4Linear`.
+    `method` "none" (or "auto": a float model's own precision) leaves the model as it is. The
+    float weights are released as each module is replaced, so peak memory grows by one layer,
+    not one model. `native_kernels`: see `Int4Linear`.
     """
     check_quantization(method, group_size)
-    if method == "none":
+    if method in ("none", "auto"):
         return model
     before = model_weight_bytes(model)
     with torch.no_grad():
@@ -412,6 +536,25 @@ def _as_linear(embedding: nn.Embedding) -> nn.Linear:
         linear = nn.Linear(embedding.embedding_dim, embedding.num_embeddings, bias=False)
     linear.weight = embedding.weight
     return linear
+
+
+def weight_formats(model: nn.Module) -> dict[str, int]:
+    """How many weight matrices (linear layers and token tables) `model` holds in each format:
+    "int4", "int8" or "float"; a table shared by the embedding and the logits counts once.
+    (Before layers/linear.py packs the float ones: it counts `nn.Linear` and `nn.Embedding`.)"""
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    for module in model.modules():
+        if isinstance(module, Int4Linear | Int8Linear):
+            name = "int4" if isinstance(module, Int4Linear) else "int8"
+        elif isinstance(module, nn.Linear | nn.Embedding):
+            name = "float"
+        else:
+            continue
+        if id(module) not in seen:
+            seen.add(id(module))
+            counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def model_weight_bytes(model: nn.Module) -> int:

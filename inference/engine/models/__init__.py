@@ -1,1 +1,2 @@
-"""One module per model architecture (llama.py: Llama, Mistral, Qwen2, SmolLM2)."""
+"""One module per architecture (llama.py: Llama, Mistral, Qwen2, Qwen3; gemma3.py), the interface
+they share (causal_lm.py) and the registry by model_type (registry.py)."""

@@ -165,3 +165,29 @@ def test_a_dropped_runner_frees_its_model_without_waiting_for_the_garbage_collec
         assert model() is None
     finally:
         gc.enable()
+
+
+def tiny_bf16_runner(directory) -> ModelRunner:
+    config = EngineConfig(
+        directory, dtype=torch.bfloat16, kv_cache_mb=4, block_size=16, max_model_len=256
+    )
+    return ModelRunner(config)
+
+
+@pytest.mark.parametrize("kind", ["qwen3", "gemma3"])
+def test_q_k_norms_and_gemma_layers_keep_the_layer_by_layer_path(tiny_model_dir, kind):
+    plain = tiny_bf16_runner(tiny_model_dir("llama"))  # the same shapes, fused
+    assert plain.model.fused_decode is not None
+    subject = tiny_bf16_runner(tiny_model_dir(kind))
+    assert subject.uses_decode_kernel  # so only the layers' features rule the fused path out
+    assert subject.model.fused_decode is None
+
+
+def test_sliding_window_layers_keep_the_layer_by_layer_path(tiny_model_dir):
+    from inference.engine.kernels import decode_layers
+
+    model_runner = tiny_bf16_runner(tiny_model_dir("llama"))
+    model, caches = model_runner.model, model_runner.kv_cache.layers
+    assert decode_layers.is_supported(model, caches, 16)
+    model.args.sliding_windows = (None, 64)
+    assert not decode_layers.is_supported(model, caches, 16)

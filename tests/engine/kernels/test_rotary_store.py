@@ -8,7 +8,7 @@ import torch
 from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine.kernels import rotary_store as native_rotary
 from inference.engine.layers.attention import build_attention_metadata
-from inference.engine.models.llama import RopeArgs, RotaryEmbedding, apply_rotary
+from inference.engine.layers.rotary import RopeArgs, RotaryEmbedding, apply_rotary
 
 needs_kernel = pytest.mark.skipif(
     not native_rotary.is_supported(

@@ -36,7 +36,7 @@ def _token(cache: torch.Tensor, slot: int) -> torch.Tensor:
     return cache[slot // BLOCK_SIZE, :, slot % BLOCK_SIZE]
 
 
-def _metadata_of(sequences):
+def _metadata_of(sequences, windows=()):
     """Metadata of (num_computed_tokens, num_query_tokens, block_table) sequences."""
     return build_attention_metadata(
         [n for _, n, _ in sequences],
@@ -44,14 +44,16 @@ def _metadata_of(sequences):
         [t for _, _, t in sequences],
         block_size=BLOCK_SIZE,
         num_kv_heads=NUM_KV_HEADS,
+        sliding_windows=windows,
     )
 
 
-def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0):
+def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0, window=None):
     """Fill each cached prefix, run paged attention; return its output and the dense one.
 
     The first `num_shared_tokens` keys/values are the same for every sequence (their block
-    tables share those blocks).
+    tables share those blocks). With a `window`, attention is a sliding-window layer's: each
+    query sees only the last `window` positions, itself included.
     """
     torch.manual_seed(0)
     k_cache = torch.zeros(NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM, dtype=dtype)
@@ -70,11 +72,18 @@ def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0):
         full_values.append(values)
         queries.append(torch.randn(num_query, NUM_HEADS, HEAD_DIM, dtype=dtype))
 
-    metadata = _metadata_of(sequences)
+    metadata = _metadata_of(sequences, () if window is None else (window,))
     new_keys = torch.cat([k[c:] for k, (c, _, _) in zip(full_keys, sequences, strict=True)])
     new_values = torch.cat([v[c:] for v, (c, _, _) in zip(full_values, sequences, strict=True)])
     out = paged_attention(
-        torch.cat(queries), new_keys, new_values, k_cache, v_cache, metadata, scale=SCALE
+        torch.cat(queries),
+        new_keys,
+        new_values,
+        k_cache,
+        v_cache,
+        metadata,
+        scale=SCALE,
+        sliding_window=window,
     )
 
     expected = []
@@ -84,8 +93,11 @@ def _run_batch(sequences, dtype=torch.float32, num_shared_tokens=0):
         group = NUM_HEADS // NUM_KV_HEADS
         keys = keys.repeat_interleave(group, dim=1).transpose(0, 1)
         values = values.repeat_interleave(group, dim=1).transpose(0, 1)
-        context = torch.arange(computed + num_query)
-        mask = context[None, :] <= (computed + torch.arange(num_query))[:, None]
+        context = torch.arange(computed + num_query)[None, :]
+        query_positions = (computed + torch.arange(num_query))[:, None]
+        mask = context <= query_positions
+        if window is not None:
+            mask &= context > query_positions - window
         dense = F.scaled_dot_product_attention(
             q.transpose(0, 1), keys, values, attn_mask=mask, scale=SCALE
         )
@@ -212,3 +224,89 @@ def test_shared_prefixes_shorter_than_the_threshold_are_not_cascaded():
         [1, 1], [12, 9], [[7, 2, 30, 6], [7, 2, 5]], block_size=BLOCK_SIZE, num_kv_heads=2
     )
     assert metadata.decode_shared_gather_index is None
+
+
+# ---- sliding windows ----
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 3, 6])
+def test_sliding_window_batch_matches_dense_attention_within_the_window(window, dtype):
+    out, expected, metadata, *_ = _run_batch(SEQUENCES, dtype, window=window)
+    assert metadata.windowed[window] is not metadata
+    tolerance = 1e-5 if dtype is torch.float32 else 3e-2
+    torch.testing.assert_close(out.float(), expected.float(), atol=tolerance, rtol=tolerance)
+
+
+def test_sliding_window_view_reads_from_the_block_holding_the_first_visible_position():
+    # a decode at position 9 with a window of 3 sees positions 7-9: blocks 1-2 of its table
+    # [7, 2, 30]; a chunk at positions 5-11 sees 3 positions back from 5: from block 0 (of 4)
+    metadata = _metadata_of([(9, 1, [7, 2, 30]), (5, 7, [25, 1, 14, 8])], windows=(3, 6))
+    view = metadata.windowed[3]
+    heads = torch.arange(NUM_KV_HEADS)[:, None]
+    expected_rows = (torch.tensor([2, 30]) * NUM_KV_HEADS + heads).flatten()
+    assert view.decode_gather_index.tolist() == expected_rows.tolist()
+    assert view.decode_mask.flatten().tolist() == [False] * 3 + [True] * 3  # positions 4-9
+    assert view.prefills[0].num_context_tokens == 12
+    assert metadata.windowed[6].prefills[0].num_context_tokens == 12
+    # the views share the step's cache writes
+    assert view.write_index is metadata.write_index
+
+
+def test_a_window_no_context_reaches_past_is_served_by_the_metadata_itself():
+    metadata = _metadata_of([(2, 1, [5]), (0, 3, [11])], windows=(4,))
+    assert metadata.windowed[4] is metadata
+
+
+@pytest.mark.parametrize("window", [3, 6])
+def test_windowed_decodes_sharing_leading_blocks_match_dense_attention(
+    cascade_from_one_block, window
+):
+    out, expected, metadata, *_ = _run_batch(SHARING_SEQUENCES, num_shared_tokens=8, window=window)
+    assert metadata.decode_shared_gather_index is not None  # the global layers' cascade
+    assert metadata.windowed[window].decode_shared_gather_index is None
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_windowed_attention_reads_an_int8_cache_like_its_dequantized_values():
+    torch.manual_seed(1)
+    caches = [torch.randn(NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM) for _ in range(2)]
+    codes, scales = zip(*(quantize_kv(cache) for cache in caches), strict=True)
+    dequantized = [(c.float() * s.unsqueeze(-1)) for c, s in zip(codes, scales, strict=True)]
+    sequences = [(9, 1, [7, 2, 30]), (2, 1, [5]), (5, 7, [25, 1, 14, 8])]
+    q = torch.randn(9, NUM_HEADS, HEAD_DIM)
+    k, v = torch.randn(2, 9, NUM_KV_HEADS, HEAD_DIM)
+    # NOTE: the new keys/values are quantized on write, so the float run gets them rounded too
+    k = quantize_kv(k)[0].float() * quantize_kv(k)[1].unsqueeze(-1)
+    v = quantize_kv(v)[0].float() * quantize_kv(v)[1].unsqueeze(-1)
+    int8 = paged_attention(
+        q,
+        k,
+        v,
+        codes[0].clone(),
+        codes[1].clone(),
+        _metadata_of(sequences, (3,)),
+        scale=SCALE,
+        kv_scales=scales,
+        sliding_window=3,
+    )
+    plain = paged_attention(
+        q,
+        k,
+        v,
+        dequantized[0],
+        dequantized[1],
+        _metadata_of(sequences, (3,)),
+        scale=SCALE,
+        sliding_window=3,
+    )
+    torch.testing.assert_close(int8, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_a_window_the_metadata_was_not_built_for_is_refused():
+    metadata = _metadata_of([(9, 1, [7, 2, 30])], windows=(3,))
+    q = torch.randn(1, NUM_HEADS, HEAD_DIM)
+    k, v = torch.randn(2, 1, NUM_KV_HEADS, HEAD_DIM)
+    caches = torch.zeros(2, NUM_BLOCKS, NUM_KV_HEADS, BLOCK_SIZE, HEAD_DIM)
+    with pytest.raises(ValueError, match="no view for a sliding window of 5"):
+        paged_attention(q, k, v, *caches, metadata, scale=SCALE, sliding_window=5)

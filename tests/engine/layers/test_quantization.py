@@ -8,6 +8,8 @@ from torch import nn
 
 from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine.config import ConfigError
+from inference.engine.kernels import int4_linear as native_int4
+from inference.engine.kernels.int4_linear import unpack_int4_vnni
 from inference.engine.kv_cache import KVCacheSpec, dequantize_kv, quantize_kv
 from inference.engine.layers.quantization import (
     PACKED_KERNEL_MAX_TOKENS,
@@ -20,7 +22,9 @@ from inference.engine.layers.quantization import (
     pack_int4,
     quantize_linear,
     quantize_model,
+    quantize_rows_int8,
     unpack_int4,
+    weight_formats,
 )
 from inference.engine.loader import load_model
 
@@ -98,7 +102,7 @@ def test_embedding_lookup_returns_the_dequantized_rows(method):
         (
             "int3",
             32,
-            r"quantization 'int3' is not supported; use one of \['none', 'int8', 'int4'\]",
+            r"quantization 'int3' is not supported; use one of \['auto', 'none', 'int8', 'int4'\]",
         ),
         ("int4", 48, r"quantization_group_size 48 is not supported for int4; use one of \[32"),
         ("int4", "32", "quantization_group_size must be an integer"),
@@ -166,11 +170,84 @@ def test_a_tied_model_quantizes_its_embedding_once_for_lookup_and_logits(tiny_mo
     assert isinstance(model.lm_head, Int8Linear)  # the table stays int8 (quantization.py)
 
 
-def test_quantizing_with_none_leaves_the_model_untouched(tiny_model_dir):
+@pytest.mark.parametrize("method", ["none", "auto"])
+def test_quantizing_with_none_or_auto_leaves_a_float_model_untouched(tiny_model_dir, method):
     model = make_tiny_runner(tiny_model_dir("qwen2")).model
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    assert quantize_model(model, "none") is model
+    assert quantize_model(model, method) is model
     assert linears == [m for m in model.modules() if isinstance(m, nn.Linear)]
+
+
+def test_weight_formats_count_each_matrix_once_a_tied_table_included(tiny_model_dir):
+    float_model = make_tiny_runner(tiny_model_dir("llama")).model  # tied, 2 layers
+    assert weight_formats(float_model) == {"float": 2 * 4 + 1}
+    model = quantize_model(float_model, "int4")
+    assert weight_formats(model) == {"int4": 2 * 4, "int8": 1}
+
+
+# ---- layers from already quantized weights (GGUF checkpoints: gguf_checkpoint.py) ----
+
+
+def int4_groups(num_rows: int, num_columns: int) -> tuple[torch.Tensor, ...]:
+    """Random codes, positive scales and offsets of groups that straddle zero (as a GGUF's)."""
+    generator = torch.Generator().manual_seed(0)
+    codes = torch.randint(0, 16, (num_rows, num_columns), dtype=torch.uint8, generator=generator)
+    scales = torch.rand(num_rows, num_columns // 32, generator=generator) * 0.01 + 1e-3
+    offsets = -scales * (1 + 13 * torch.rand(num_rows, num_columns // 32, generator=generator))
+    return codes, scales, offsets
+
+
+def from_groups(codes, scales, offsets) -> torch.Tensor:
+    num_rows, num_columns = codes.shape
+    grouped = codes.view(num_rows, -1, 32).float() * scales[..., None] + offsets[..., None]
+    return grouped.view(num_rows, num_columns)
+
+
+def test_int4_layers_from_codes_keep_them_in_pytorchs_format():
+    codes, scales, offsets = int4_groups(100, 128)  # rows padded to 128
+    layer = Int4Linear.from_codes(
+        codes, scales, offsets, None, 32, dtype=torch.float32, native_kernels=False
+    )
+    assert not layer.is_native
+    assert torch.equal(unpack_int4(layer.weight_int4)[:100], codes)
+    expected = from_groups(codes, scales, offsets)
+    torch.testing.assert_close(layer.dequantize_rows(0, 100, torch.float32), expected)
+    x = torch.randn(3, 128)
+    torch.testing.assert_close(layer(x), x @ expected.T, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(
+    not native_int4.is_supported(128, 32), reason="the native int4 kernel does not run here"
+)
+def test_int4_layers_from_codes_on_the_native_grid_move_weights_by_bf16_rounding_at_most():
+    codes, scales, offsets = int4_groups(128, 128)
+    # two groups of one sign (no zero point in a byte for them): refitted from their values
+    offsets[5, 1], offsets[70, 3] = 0.02, -0.5
+    layer = Int4Linear.from_codes(codes.clone(), scales, offsets, None, 32, dtype=torch.bfloat16)
+    assert layer.is_native and layer.num_refitted_groups == 2
+    expected = from_groups(codes, scales, offsets)
+    values = layer.dequantize_rows(0, 128, torch.float32)
+    bf16_scales = scales.bfloat16().float()[..., None]
+    bound = 15 * (scales[..., None] - bf16_scales).abs() + bf16_scales / 32 + 1e-6
+    error = (values - expected).view(128, -1, 32).abs()
+    assert (error > bound).any(dim=-1).nonzero().tolist() == [[5, 1], [70, 3]]
+    unchanged = torch.ones(128, 4, dtype=torch.bool)
+    unchanged[5, 1] = unchanged[70, 3] = False
+    native_codes = unpack_int4_vnni(layer.weight_int4).view(128, -1, 32)
+    assert torch.equal(native_codes[unchanged], codes.view(128, -1, 32)[unchanged])
+    assert relative_error(values[5, 32:64], expected[5, 32:64]) < 0.05
+
+
+def test_int8_layers_from_codes_quantized_a_chunk_of_rows_at_a_time_are_the_whole_layers():
+    weight = torch.randn(100, 64, dtype=torch.bfloat16)
+    whole = Int8Linear(weight, None)
+    chunks = [quantize_rows_int8(weight[start : start + 30].float(), torch.bfloat16)
+              for start in range(0, 100, 30)]  # fmt: skip
+    layer = Int8Linear.from_codes(
+        torch.cat([codes for codes, _ in chunks]), torch.cat([s for _, s in chunks]), None
+    )
+    assert torch.equal(layer.weight_int8, whole.weight_int8)
+    assert torch.equal(layer.scales, whole.scales)
 
 
 def test_a_model_runner_with_an_int8_kv_cache_stays_close_to_the_float_cache(tiny_model_dir):

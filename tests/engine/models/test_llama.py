@@ -1,148 +1,93 @@
-"""The Llama-family decoder: config parsing, RoPE, and numerics against transformers."""
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3): config parsing, and logits against
+transformers' own models through the runner and the paged KV cache."""
 
 from __future__ import annotations
-
-from types import SimpleNamespace
 
 import pytest
 import torch
 
-from inference.engine.layers.attention import build_attention_metadata
-from inference.engine.loader import load_model
-from inference.engine.models.llama import (
-    LlamaArgs,
-    RMSNorm,
-    RopeArgs,
-    RotaryEmbedding,
-    apply_rotary,
-    rope_inv_freq,
-)
+from inference.engine.models.llama import LlamaArgs
+from tests.engine.models.paged_schedule import engine_logits, token_sequences, transformers_logits
+from tests.tiny_models import TINY_SLIDING_WINDOW
 
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 500000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 8192,
-}
-
-
-def test_rope_settings_are_read_from_transformers_5_rope_parameters():
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(rope_parameters=LLAMA3_ROPE)
-    rope = RopeArgs.from_hf_config(config)
-    assert (rope.rope_type, rope.theta, rope.factor) == ("llama3", 500000.0, 8.0)
-    assert rope.original_max_position_embeddings == 8192
-
-
-def test_rope_settings_are_read_from_legacy_rope_scaling_and_rope_theta():
-    config = SimpleNamespace(
-        rope_scaling={"type": "linear", "factor": 4.0},
-        rope_theta=1234.0,
-        max_position_embeddings=64,
-    )
-    rope = RopeArgs.from_hf_config(config)
-    assert (rope.rope_type, rope.theta, rope.factor) == ("linear", 1234.0, 4.0)
-    no_scaling = RopeArgs.from_hf_config(SimpleNamespace(rope_scaling=None, rope_theta=99.0))
-    assert (no_scaling.rope_type, no_scaling.theta) == ("default", 99.0)
-
-
-def test_unsupported_rope_type_raises_value_error_naming_it():
-    config = SimpleNamespace(rope_parameters={"rope_type": "yarn", "factor": 2.0})
-    with pytest.raises(ValueError, match="'yarn' is not supported"):
-        RopeArgs.from_hf_config(config)
-
-
-@pytest.mark.parametrize(
-    "rope_parameters",
-    [
-        {"rope_type": "default", "rope_theta": 100000.0},
-        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
-        LLAMA3_ROPE,
-    ],
-    ids=["default", "linear", "llama3"],
-)
-def test_inverse_frequencies_match_transformers(rope_parameters):
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
-
-    config = LlamaConfig(hidden_size=256, num_attention_heads=4, rope_parameters=rope_parameters)
-    expected = LlamaRotaryEmbedding(config).inv_freq
-    torch.testing.assert_close(rope_inv_freq(RopeArgs.from_hf_config(config), 64), expected)
-
-
-def test_rotation_matches_transformers_rotate_half():
-    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
-
-    torch.manual_seed(0)
-    x = torch.randn(5, 3, 16)
-    rotary = RotaryEmbedding(RopeArgs(theta=100.0), head_dim=16)
-    positions = torch.tensor([0, 1, 7, 30, 2])
-    cos, sin = rotary(positions, torch.float32)
-    angles = positions[:, None].float() * rotary.inv_freq
-    hf_cos = torch.cat([angles.cos()] * 2, -1)
-    hf_sin = torch.cat([angles.sin()] * 2, -1)
-    expected, _ = apply_rotary_pos_emb(
-        x.transpose(0, 1), x.transpose(0, 1), hf_cos, hf_sin, unsqueeze_dim=0
-    )
-    assert torch.equal(apply_rotary(x, cos, sin), expected.transpose(0, 1))
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rms_norm_matches_transformers_bitwise(dtype):
-    from transformers.models.llama.modeling_llama import LlamaRMSNorm
-
-    torch.manual_seed(0)
-    ours, theirs = RMSNorm(64, eps=1e-5), LlamaRMSNorm(64, eps=1e-5)
-    with torch.no_grad():
-        theirs.weight.normal_(1.0, 0.1)
-        ours.weight.copy_(theirs.weight)
-    ours, theirs = ours.to(dtype), theirs.to(dtype)
-    x = (torch.randn(7, 64) * 3).to(dtype)
-    residual = (torch.randn(7, 64) * 3).to(dtype)
-    with torch.no_grad():
-        assert torch.equal(ours(x)[0], theirs(x))
-        # with the residual stream: the add transformers' decoder layer does before its norm
-        normed, stream = ours(x, residual.clone())
-        assert torch.equal(stream, residual + x)
-        assert torch.equal(normed, theirs(residual + x))
+# NOTE: tiny models: one thread is as fast, and does not stall when a neighbour holds a core.
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_qwen2_gets_q_k_v_biases_but_no_output_bias():
     from transformers import Qwen2Config
 
     args = LlamaArgs.from_hf_config(Qwen2Config())
-    assert (args.qkv_bias, args.o_bias) == (True, False)
+    assert (args.qkv_bias, args.o_bias, args.qk_norm) == (True, False, False)
 
 
-def test_mistral_sliding_window_caps_the_usable_length():
+def test_qwen3_gets_per_head_q_k_norms_its_own_head_dim_and_no_biases():
+    from transformers import Qwen3Config
+
+    args = LlamaArgs.from_hf_config(
+        Qwen3Config(hidden_size=1024, num_attention_heads=16, num_key_value_heads=8)
+    )
+    assert (args.qk_norm, args.qkv_bias, args.o_bias) == (True, False, False)
+    assert args.head_dim == 128  # not 1024 / 16
+    assert args.distinct_sliding_windows == ()
+
+
+def test_mistral_sliding_window_applies_to_every_layer_without_capping_the_length():
     from transformers import MistralConfig
 
     args = LlamaArgs.from_hf_config(
-        MistralConfig(max_position_embeddings=32768, sliding_window=4096)
+        MistralConfig(num_hidden_layers=3, max_position_embeddings=32768, sliding_window=4096)
     )
-    assert args.max_position_embeddings == 4096
+    assert args.sliding_windows == (4096, 4096, 4096)
+    assert args.max_position_embeddings == 32768
 
 
-@pytest.mark.parametrize("kind", ["qwen2", "llama", "mistral"])
-def test_prompt_logits_match_transformers_forward(tiny_model_dir, kind):
+def test_qwen2_slides_only_from_max_window_layers_on_and_only_when_use_sliding_window():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(
+        num_hidden_layers=4, use_sliding_window=True, sliding_window=512, max_window_layers=2
+    )
+    assert LlamaArgs.from_hf_config(config).sliding_windows == (None, None, 512, 512)
+    off = Qwen2Config(num_hidden_layers=4, use_sliding_window=False, sliding_window=512)
+    assert LlamaArgs.from_hf_config(off).sliding_windows == (None,) * 4
+
+
+@pytest.mark.parametrize(
+    "kind", ["llama", "qwen2", "mistral", "mistral-window", "qwen2-window", "qwen3"]
+)
+def test_logits_match_transformers_through_chunked_prefill_a_prefix_hit_and_decodes(
+    tiny_model_dir, kind
+):
+    directory = tiny_model_dir(kind)
+    a, b = token_sequences(vocab_size=256)
+    ours_a, ours_b = engine_logits(directory, a, b)
+    theirs_a, theirs_b = transformers_logits(directory, a, b)
+    assert (ours_a - theirs_a).abs().max() < 1e-4
+    assert (ours_b - theirs_b).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["mistral-window", "qwen2-window"])
+def test_the_sliding_window_changes_the_logits_of_positions_past_it(tiny_model_dir, tmp_path, kind):
+    """What makes the comparison above a test of the window: without it, the logits differ."""
     from transformers import AutoModelForCausalLM
 
-    directory = tiny_model_dir(kind)
-    hf_model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    model = load_model(directory, dtype=torch.float32).model
-    args = model.args
-    torch.manual_seed(1)
-    input_ids = torch.randint(0, args.vocab_size, (20,))
-    shape = (4, args.num_kv_heads, 8, args.head_dim)
-    kv_caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(args.num_layers)]
-    metadata = build_attention_metadata(
-        [20], [0], [[2, 0, 3]], block_size=8, num_kv_heads=args.num_kv_heads
-    )
-    with torch.inference_mode():
-        hidden = model(input_ids, metadata.positions, metadata, kv_caches)
-        logits = model.compute_logits(hidden)
-        expected = hf_model(input_ids[None]).logits[0]
-    torch.testing.assert_close(logits, expected, atol=1e-4, rtol=1e-4)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir(kind))
+    model.config.sliding_window = None
+    if kind == "qwen2-window":
+        model.config.layer_types = ["full_attention"] * model.config.num_hidden_layers
+    model.save_pretrained(tmp_path)
+    a, b = token_sequences(vocab_size=256)
+    windowed_a, _ = transformers_logits(tiny_model_dir(kind), a, b)
+    global_a, _ = transformers_logits(tmp_path, a, b)
+    assert torch.equal(windowed_a[:TINY_SLIDING_WINDOW], global_a[:TINY_SLIDING_WINDOW])
+    assert (windowed_a[TINY_SLIDING_WINDOW:] - global_a[TINY_SLIDING_WINDOW:]).abs().max() > 1e-2
+
+
+def test_qwen3_native_kernels_give_the_pytorch_path_results_in_bfloat16(tiny_model_dir):
+    """The q/k norms feed the native rotary + cache write (kernels/rotary_store.py)."""
+    directory = tiny_model_dir("qwen3")
+    a, b = token_sequences(vocab_size=256)
+    native = engine_logits(directory, a, b, dtype="bfloat16")
+    pytorch = engine_logits(directory, a, b, dtype="bfloat16", native_kernels=False)
+    assert torch.equal(native[0], pytorch[0]) and torch.equal(native[1], pytorch[1])

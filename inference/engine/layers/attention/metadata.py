@@ -13,12 +13,18 @@ and the two partial results are merged by their log-sum-exp (paged.py). Without 
 the shared prompt once per sequence in every layer. Measured on the 2-core box (32 decodes of
 1,250 tokens sharing 1,008, bf16): a decode step went from 209 ms (gather 80 ms, SDPA 77 ms) to
 99 ms. This module decides which leading blocks are shared.
+
+Sliding-window layers (Mistral, Qwen2/3 configured so, Gemma 3's local layers) attend only the
+last `window` positions. Each window gets its own view of the step (`windowed`): every query
+reads its context from the block holding the first position it may see, and a mask hides the
+rest, so a long context costs a sliding layer no more than its window (plus a block).
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -32,12 +38,15 @@ class PrefillSpan:
 
     query_start: int  # index of its first token in the flat batch
     num_query_tokens: int
-    num_context_tokens: int  # cached tokens + query tokens
+    # keys attended: cached tokens + query tokens (on a sliding-window view, from the first
+    # block the window reaches)
+    num_context_tokens: int
     # Rows of the cache viewed as [num_blocks * num_kv_heads, block_size, head_dim] holding the
     # context, ordered (head, block); None when nothing was cached before this chunk, in which
     # case attention runs over the chunk's own keys/values without reading the cache.
     gather_index: torch.Tensor | None
-    mask: torch.Tensor | None  # [num_query_tokens, num_context_tokens] bool, True = attend
+    # [num_query_tokens, num_context_tokens] bool, True = attend; None: plain causal
+    mask: torch.Tensor | None
 
 
 @dataclass(slots=True)
@@ -68,6 +77,11 @@ class AttentionMetadata:
     # when set, decode_gather_index and decode_mask are None.
     decode_block_table: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
+    # Sliding window (positions a query attends back, itself included) -> this step seen by a
+    # layer with that window: the same tokens and cache writes, but each query reads only the
+    # blocks its window reaches, masked to the window. The metadata itself when no context is
+    # longer than the window.
+    windowed: dict[int, AttentionMetadata] = field(default_factory=dict)
 
 
 def build_attention_metadata(
@@ -80,6 +94,7 @@ def build_attention_metadata(
     device: torch.device | str = "cpu",
     decode_kernel: bool = False,
     cascade: bool = True,
+    sliding_windows: Iterable[int] = (),
 ) -> AttentionMetadata:
     """Index tensors for one step. Sequences with one query token must come first.
 
@@ -88,6 +103,8 @@ def build_attention_metadata(
     `paged_decode_attention.is_supported`: a CPU bf16 cache that is not quantized).
     `cascade`: decodes sharing leading blocks attend them once, together (CPU); False makes
     every decode attend its whole context itself (what the fused decode path runs).
+    `sliding_windows`: the window sizes of the model's sliding-window layers, each of which
+    gets its view in `windowed` (see `AttentionMetadata.windowed`).
     """
     num_seqs = len(query_lens)
     num_decodes = 0
@@ -127,58 +144,144 @@ def build_attention_metadata(
         (block_of_token[:, None] * num_kv_heads + heads) * block_size + offset_in_block[:, None]
     ).flatten()
 
-    decode_gather_index = decode_mask = decode_shared_gather_index = None
-    decode_block_table = decode_context_lens = None
-    max_decode_context_len = 0
-    if num_decodes:
-        decode_table = table[:num_decodes, : max(num_blocks[:num_decodes])]
-        decode_lens = computed[:num_decodes] + 1
-        num_shared_blocks = 0
-        if cascade and torch.device(device).type == "cpu":
-            num_shared_blocks = _num_shared_blocks(decode_table, decode_lens, block_size)
-        if num_shared_blocks:
-            shared_table = decode_table[0, :num_shared_blocks]
-            decode_shared_gather_index = (shared_table * num_kv_heads + heads[:, None]).flatten()
-            decode_table = decode_table[:, num_shared_blocks:]
-            decode_lens = decode_lens - num_shared_blocks * block_size
-        max_decode_context_len = int(decode_lens.max())
-        if decode_kernel:
-            decode_block_table = decode_table.to(torch.int32).contiguous()
-            decode_context_lens = decode_lens.to(torch.int32)
-        else:
-            decode_gather_index = decode_table[:, None, :] * num_kv_heads + heads[:, None]
-            decode_gather_index = decode_gather_index.flatten().to(device)
-            if int(decode_lens.min()) != max_decode_context_len:
-                decode_mask = torch.arange(max_decode_context_len) < decode_lens[:, None]
-                decode_mask = decode_mask.view(num_decodes, 1, 1, -1).to(device)
-
-    prefills = []
-    starts = first_token.tolist()
-    for i in range(num_decodes, num_seqs):
-        computed_i, query_i = num_computed_tokens[i], query_lens[i]
-        gather_index = mask = None
-        if computed_i:
-            gather_index = (table[i, : num_blocks[i]] * num_kv_heads + heads[:, None]).flatten()
-            gather_index = gather_index.to(device)
-            # NOTE: query token j sits at position computed_i + j and sees keys up to it.
-            query_positions = torch.arange(computed_i, computed_i + query_i)
-            mask = torch.arange(computed_i + query_i) <= query_positions[:, None]
-            mask = mask.to(device)
-        prefills.append(PrefillSpan(starts[i], query_i, computed_i + query_i, gather_index, mask))
-
-    return AttentionMetadata(
+    layout = _StepLayout(
+        num_decodes,
+        num_computed_tokens,
+        query_lens,
+        num_blocks,
+        table,
+        first_token.tolist(),
+        block_size,
+        heads,
+        torch.device(device),
+    )
+    metadata = AttentionMetadata(
         positions=positions.to(device),
         slot_mapping=slot_mapping.to(device),
         write_index=write_index.to(device),
         num_decode_tokens=num_decodes,
-        decode_gather_index=decode_gather_index,
-        max_decode_context_len=max_decode_context_len,
-        decode_mask=decode_mask,
-        prefills=prefills,
-        decode_shared_gather_index=decode_shared_gather_index,
-        decode_block_table=decode_block_table,
-        decode_context_lens=decode_context_lens,
+        decode_gather_index=None,
+        max_decode_context_len=0,
+        decode_mask=None,
+        prefills=_prefill_spans(layout, None),
     )
+    if num_decodes:
+        _add_decode_part(metadata, layout, None, decode_kernel=decode_kernel, cascade=cascade)
+    for window in sliding_windows:
+        if max(context_lens) <= window:
+            # NOTE: no context reaches past the window: every query sees all of it anyway.
+            metadata.windowed[window] = metadata
+            continue
+        view = AttentionMetadata(
+            positions=metadata.positions,
+            slot_mapping=metadata.slot_mapping,
+            write_index=metadata.write_index,
+            num_decode_tokens=num_decodes,
+            decode_gather_index=None,
+            max_decode_context_len=0,
+            decode_mask=None,
+            prefills=_prefill_spans(layout, window),
+        )
+        if num_decodes:
+            # NOTE: gathered and masked in PyTorch: the native kernel attends whole contexts,
+            # and a shared prefix may lie partly outside some decode's window.
+            _add_decode_part(view, layout, window, decode_kernel=False, cascade=False)
+        metadata.windowed[window] = view
+    return metadata
+
+
+@dataclass(slots=True)
+class _StepLayout:
+    """The step's batch as the per-part builders below read it."""
+
+    num_decodes: int
+    num_computed_tokens: list[int]
+    query_lens: list[int]
+    num_blocks: list[int]  # blocks covering each sequence's context
+    table: torch.Tensor  # [num_seqs, max blocks] int64, zero-padded
+    query_starts: list[int]  # index of each sequence's first token in the flat batch
+    block_size: int
+    heads: torch.Tensor  # arange(num_kv_heads)
+    device: torch.device
+
+
+def _add_decode_part(
+    metadata: AttentionMetadata,
+    layout: _StepLayout,
+    window: int | None,
+    *,
+    decode_kernel: bool,
+    cascade: bool,
+) -> None:
+    """Fill in what attention reads for the step's decodes: their blocks, lengths and mask.
+
+    With a `window`, each decode reads its blocks from the one holding the first position it
+    may see (position - window + 1), and the mask hides what precedes that position there.
+    """
+    num_decodes, block_size, heads = layout.num_decodes, layout.block_size, layout.heads
+    decode_lens = torch.tensor(layout.num_computed_tokens[:num_decodes], dtype=torch.int64) + 1
+    num_blocks = torch.tensor(layout.num_blocks[:num_decodes], dtype=torch.int64)
+    decode_table = layout.table[:num_decodes, : int(num_blocks.max())]
+    num_hidden = torch.zeros(num_decodes, dtype=torch.int64)  # leading keys masked out
+    if window is not None:
+        first_visible = (decode_lens - window).clamp(min=0)
+        start_blocks = first_visible // block_size
+        num_own = num_blocks - start_blocks
+        columns = (start_blocks[:, None] + torch.arange(int(num_own.max()))).clamp(
+            max=decode_table.shape[1] - 1
+        )
+        decode_table = decode_table.gather(1, columns)
+        decode_lens = decode_lens - start_blocks * block_size
+        num_hidden = first_visible - start_blocks * block_size
+    num_shared_blocks = 0
+    if cascade and layout.device.type == "cpu":
+        num_shared_blocks = _num_shared_blocks(decode_table, decode_lens, block_size)
+    if num_shared_blocks:
+        shared_table = decode_table[0, :num_shared_blocks]
+        metadata.decode_shared_gather_index = (
+            shared_table * heads.numel() + heads[:, None]
+        ).flatten()
+        decode_table = decode_table[:, num_shared_blocks:]
+        decode_lens = decode_lens - num_shared_blocks * block_size
+    metadata.max_decode_context_len = max_len = int(decode_lens.max())
+    if decode_kernel:
+        metadata.decode_block_table = decode_table.to(torch.int32).contiguous()
+        metadata.decode_context_lens = decode_lens.to(torch.int32)
+        return
+    gather_index = decode_table[:, None, :] * heads.numel() + heads[:, None]
+    metadata.decode_gather_index = gather_index.flatten().to(layout.device)
+    if int(decode_lens.min()) != max_len or bool(num_hidden.any()):
+        keys = torch.arange(max_len)
+        mask = (keys < decode_lens[:, None]) & (keys >= num_hidden[:, None])
+        metadata.decode_mask = mask.view(num_decodes, 1, 1, -1).to(layout.device)
+
+
+def _prefill_spans(layout: _StepLayout, window: int | None) -> list[PrefillSpan]:
+    """One span per multi-token sequence; with a `window`, each reads (and its mask admits)
+    only the positions inside its queries' windows."""
+    spans = []
+    block_size, heads = layout.block_size, layout.heads
+    for i in range(layout.num_decodes, len(layout.query_lens)):
+        computed_i, query_i = layout.num_computed_tokens[i], layout.query_lens[i]
+        first_visible = 0 if window is None else max(0, computed_i - window + 1)
+        start_block = first_visible // block_size
+        first_key = start_block * block_size  # position of the first key the span reads
+        num_keys = computed_i + query_i - first_key
+        gather_index = mask = None
+        if computed_i or (window is not None and query_i > window):
+            # NOTE: query token j sits at position computed_i + j and sees keys up to it (and,
+            # on a sliding-window layer, none `window` or more positions before it).
+            query_positions = torch.arange(computed_i, computed_i + query_i)[:, None]
+            key_positions = torch.arange(first_key, first_key + num_keys)
+            mask = key_positions <= query_positions
+            if window is not None:
+                mask &= key_positions > query_positions - window
+            mask = mask.to(layout.device)
+        if computed_i:
+            blocks = layout.table[i, start_block : layout.num_blocks[i]]
+            gather_index = (blocks * heads.numel() + heads[:, None]).flatten().to(layout.device)
+        spans.append(PrefillSpan(layout.query_starts[i], query_i, num_keys, gather_index, mask))
+    return spans
 
 
 def _num_shared_blocks(

@@ -44,10 +44,13 @@ def paged_attention(
     scale: float,
     kv_scales: tuple[torch.Tensor, ...] = (),
     is_kv_stored: bool = False,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """Store k/v [num_tokens, num_kv_heads, head_dim] in the cache, then attend.
 
     `is_kv_stored`: the caller already wrote k/v to the cache (kernels/rotary_store.py).
+    `sliding_window`: each query attends only that many positions back, itself included (the
+    metadata must have been built with this window).
 
     q is [num_tokens, num_heads, head_dim]; returns [num_tokens, num_heads, head_dim]. Query head
     h uses KV head h // (num_heads // num_kv_heads), as in transformers' repeat_kv.
@@ -62,6 +65,13 @@ def paged_attention(
         k_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, k.reshape(-1, head_dim))
         v_cache.view(-1, head_dim).index_copy_(0, metadata.write_index, v.reshape(-1, head_dim))
 
+    if sliding_window is not None:
+        if sliding_window not in metadata.windowed:
+            raise ValueError(
+                f"the step's metadata has no view for a sliding window of {sliding_window} "
+                "(build_attention_metadata(sliding_windows=...))"
+            )
+        metadata = metadata.windowed[sliding_window]
     num_decodes = metadata.num_decode_tokens
     if num_decodes == num_tokens:  # pure decode step: no output buffer to assemble
         return _decode_attention(q, k_cache, v_cache, metadata, scale, kv_scales)

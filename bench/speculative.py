@@ -1,0 +1,247 @@
+"""Speculative decoding, single stream: speed and acceptance per method on three kinds of answer.
+
+The target (default: qwen2.5-coder-1.5b-instruct) answers three prompts greedily, one request at
+a time: code generation, an extractive RAG answer (a passage and a question about it) and free
+text. Methods: no speculation, n-gram prompt lookup, and a draft model (default:
+qwen2.5-coder-0.5b-instruct) proposing k = 3, 4 and 5 tokens. Reported per method and prompt:
+decode tok/s (after the first token, on a warm prefix cache), the speed-up over no speculation,
+the share of drafts accepted, tokens per verification pass, and whether the answer is the one
+plain decoding gave (in bf16 a verification pass may round a near-tie the other way; float32
+answers are identical, tests/engine/test_draft_speculation.py).
+
+Every method runs in a fresh process: each engine thread gets its own OpenMP team, and a second
+engine thread in one process slows every parallel region after it (see the NOTE in engine.py's
+`_thread_main`). The weights load again each time from the models cache.
+
+    python -m bench.speculative                  # the table (~15 minutes on 2 cores)
+    python -m bench.speculative --json
+    python -m bench.speculative --smoke          # SmolLM2 drafting for itself, 16 tokens: < 1 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from harness import CannotRunError, default_models_dir, rounded, run_cli
+from inference.catalogue import BUNDLED_CHAT_MODEL
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TARGET = "qwen2.5-coder-1.5b-instruct"
+DEFAULT_DRAFT = "qwen2.5-coder-0.5b-instruct"
+DRAFT_TOKENS = (3, 4, 5)
+NGRAM_TOKENS = 5  # the app's default (inference/models.py)
+MAX_TOKENS = 128
+SMOKE_MAX_TOKENS = 16
+RESULT_MARKER = "speculative-bench-result: "
+
+PASSAGE = (
+    "Travel policy, section 4. Employees book flights through the travel desk at least 14 days "
+    "before departure; later bookings need a manager's approval in writing. Economy class is "
+    "the rule for flights under six hours, premium economy above that. Hotel stays are "
+    "reimbursed up to 180 euros a night in capitals and 120 euros elsewhere, breakfast "
+    "included. Taxis are reimbursed only when no train or bus reaches the destination within "
+    "45 minutes. Receipts must be uploaded within 30 days of the trip's end."
+)
+PROMPTS = {
+    "code": "Write a Python function merge_intervals(intervals) that merges overlapping "
+    "intervals given as (start, end) tuples, with type hints, a docstring and a short example.",
+    "extractive": f"{PASSAGE}\n\nAccording to the policy above, when are taxis reimbursed, how "
+    "far ahead must flights be booked, and what are the hotel limits? Quote the policy's own "
+    "sentences.",
+    "free_text": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Method:
+    name: str  # "none", "ngram" or "draft"
+    num_speculative_tokens: int = 0
+
+    @property
+    def label(self) -> str:
+        return self.name if self.name == "none" else f"{self.name} k={self.num_speculative_tokens}"
+
+
+def methods() -> list[Method]:
+    return [
+        Method("none"),
+        Method("ngram", NGRAM_TOKENS),
+        *(Method("draft", k) for k in DRAFT_TOKENS),
+    ]
+
+
+def measure_method(
+    method: Method,
+    target_dir: Path,
+    draft_dir: Path | None,
+    *,
+    quantization: str,
+    max_tokens: int,
+) -> dict:
+    """One engine with `method`: each prompt answered once to warm up, then measured."""
+    from inference.engine import Engine, EngineConfig, SamplingParams
+
+    settings: dict = {"max_model_len": 2048, "kv_cache_mb": 256, "quantization": quantization}
+    if method.name != "none":
+        settings["num_speculative_tokens"] = method.num_speculative_tokens
+    if method.name == "draft":
+        settings |= {"speculative_method": "draft", "draft_model_dir": draft_dir}
+    engine = Engine(EngineConfig(target_dir, **settings))
+    try:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens)
+        results = {}
+        for name, question in PROMPTS.items():
+            prompt = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": question}], add_generation_prompt=True
+            )
+            prompt = list(prompt["input_ids"] if hasattr(prompt, "keys") else prompt)
+            engine.generate([prompt], params)  # warm: prefix caches, first calls
+            before = engine.metrics.snapshot()
+            [result] = engine.generate([prompt], params)
+            after = engine.metrics.snapshot()
+            num_drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+            num_accepted = after["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+            results[name] = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": result.usage.completion_tokens,
+                "tok_s": rounded(result.usage.tokens_per_s, 2),
+                "acceptance": rounded(num_accepted / num_drafted, 3) if num_drafted else None,
+                "token_ids": result.token_ids,
+            }
+    finally:
+        engine.shutdown()
+    return {"method": asdict(method), "label": method.label, "prompts": results}
+
+
+def run_benchmark(
+    target: str, draft: str, *, quantization: str, max_tokens: int, models_dir: Path
+) -> dict:
+    from inference.model_files import resolve_chat_model
+
+    target_dir = resolve_chat_model(target, models_dir).directory
+    draft_dir = resolve_chat_model(draft, models_dir).directory
+    rows = []
+    for method in methods():
+        logger.info("measuring %s", method.label)
+        rows.append(_in_fresh_process(method, target_dir, draft_dir, quantization, max_tokens))
+    plain = rows[0]["prompts"]
+    plain_token_ids = {name: result["token_ids"] for name, result in plain.items()}
+    plain_tok_s = {name: result["tok_s"] for name, result in plain.items()}
+    for row in rows:
+        for name, result in row["prompts"].items():
+            result["speedup"] = rounded(result["tok_s"] / plain_tok_s[name], 2)
+            result["same_answer"] = result.pop("token_ids") == plain_token_ids[name]
+    return {
+        "cpu": _cpu_name(),
+        "target": target,
+        "draft": draft,
+        "quantization": quantization,
+        "max_tokens": max_tokens,
+        "rows": rows,
+    }
+
+
+def _in_fresh_process(
+    method: Method, target_dir: Path, draft_dir: Path, quantization: str, max_tokens: int
+) -> dict:
+    arguments = {
+        "method": asdict(method),
+        "target_dir": str(target_dir),
+        "draft_dir": str(draft_dir),
+        "quantization": quantization,
+        "max_tokens": max_tokens,
+    }
+    command = [sys.executable, "-m", "bench.speculative", "--child", json.dumps(arguments)]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT_MARKER):
+            return dict(json.loads(line.removeprefix(RESULT_MARKER)))
+    raise CannotRunError(f"measuring {method.label} failed:\n{done.stderr[-4000:]}")
+
+
+def _child(arguments: str) -> int:
+    options = json.loads(arguments)
+    result = measure_method(
+        Method(**options["method"]),
+        Path(options["target_dir"]),
+        Path(options["draft_dir"]),
+        quantization=options["quantization"],
+        max_tokens=options["max_tokens"],
+    )
+    sys.stdout.write(f"{RESULT_MARKER}{json.dumps(result)}\n")
+    return 0
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def format_table(report: dict) -> str:
+    lines = [
+        f"{report['target']} ({report['quantization']}), draft {report['draft']}, "
+        f"{report['max_tokens']} greedy tokens, single stream, {report['cpu']}",
+        "",
+        "| method | prompt | tok/s | speed-up | acceptance | same answer |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for row in report["rows"]:
+        for name, result in row["prompts"].items():
+            acceptance = result["acceptance"]
+            lines.append(
+                f"| {row['label']} | {name} | {result['tok_s']} | {result['speedup']}x | "
+                f"{'-' if acceptance is None else f'{acceptance:.0%}'} | "
+                f"{'yes' if result['same_answer'] else 'no'} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.speculative", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
+    parser.add_argument("--target", help=f"the model (default: {DEFAULT_TARGET})")
+    parser.add_argument("--draft", help=f"the draft model (default: {DEFAULT_DRAFT})")
+    parser.add_argument("--quantization", default="int4", help="of both models (default: int4)")
+    parser.add_argument("--max-tokens", type=int, help=f"per answer (default: {MAX_TOKENS})")
+    parser.add_argument("--models-dir", type=Path, default=None, help="default: the data dir's")
+    parser.add_argument(
+        "--smoke", action="store_true", help=f"{BUNDLED_CHAT_MODEL} drafting for itself"
+    )
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one method, in a fresh process
+    args = parser.parse_args(argv)
+    if args.child:
+        return _child(args.child)
+    default_model = BUNDLED_CHAT_MODEL if args.smoke else None
+    max_tokens = args.max_tokens or (SMOKE_MAX_TOKENS if args.smoke else MAX_TOKENS)
+    if max_tokens < 2:
+        parser.error("--max-tokens must be at least 2 (tok/s is measured after the first)")
+
+    def run() -> dict:
+        return run_benchmark(
+            args.target or default_model or DEFAULT_TARGET,
+            args.draft or default_model or DEFAULT_DRAFT,
+            quantization=args.quantization,
+            max_tokens=max_tokens,
+            models_dir=args.models_dir or default_models_dir(),
+        )
+
+    return run_cli(run, as_json=args.json, format_report=format_table, num_errors=lambda r: 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
