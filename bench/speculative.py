@@ -15,7 +15,7 @@ engine thread in one process slows every parallel region after it (see the NOTE 
 
     python -m bench.speculative                  # the table (~15 minutes on 2 cores)
     python -m bench.speculative --json
-    python -m bench.speculative --smoke          # SmolLM2 drafting for itself, 16 tokens: < 1 min
+    python -m bench.speculative --smoke          # SmolLM2 drafting for itself, k=4, 16 tokens
 """
 
 from __future__ import annotations
@@ -70,11 +70,13 @@ class Method:
         return self.name if self.name == "none" else f"{self.name} k={self.num_speculative_tokens}"
 
 
-def methods() -> list[Method]:
+def methods(*, smoke: bool = False) -> list[Method]:
+    """What is measured (with `smoke`, one draft size: each method loads the models again)."""
+    draft_tokens = DRAFT_TOKENS[1:2] if smoke else DRAFT_TOKENS
     return [
         Method("none"),
         Method("ngram", NGRAM_TOKENS),
-        *(Method("draft", k) for k in DRAFT_TOKENS),
+        *(Method("draft", k) for k in draft_tokens),
     ]
 
 
@@ -122,14 +124,20 @@ def measure_method(
 
 
 def run_benchmark(
-    target: str, draft: str, *, quantization: str, max_tokens: int, models_dir: Path
+    target: str,
+    draft: str,
+    *,
+    quantization: str,
+    max_tokens: int,
+    models_dir: Path,
+    smoke: bool = False,
 ) -> dict:
     from inference.model_files import resolve_chat_model
 
     target_dir = resolve_chat_model(target, models_dir).directory
     draft_dir = resolve_chat_model(draft, models_dir).directory
     rows = []
-    for method in methods():
+    for method in methods(smoke=smoke):
         logger.info("measuring %s", method.label)
         rows.append(_in_fresh_process(method, target_dir, draft_dir, quantization, max_tokens))
     plain = rows[0]["prompts"]
@@ -238,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             quantization=args.quantization,
             max_tokens=max_tokens,
             models_dir=args.models_dir or default_models_dir(),
+            smoke=args.smoke,
         )
 
     return run_cli(run, as_json=args.json, format_report=format_table, num_errors=lambda r: 0)

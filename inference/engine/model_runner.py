@@ -222,7 +222,8 @@ class ModelRunner:
 def split_into_decodes(entries: list[BatchEntry]) -> tuple[list[BatchEntry], list[int]]:
     """One single-token entry per token of `entries`, and the indices among them of the
     tokens whose logits the entries want (in the order `execute` returns them)."""
-    decodes, logit_rows = [], []
+    decodes: list[BatchEntry] = []
+    logit_rows: list[int] = []
     for entry in entries:
         first_logit = len(decodes) + len(entry.token_ids) - entry.num_logits
         logit_rows.extend(range(first_logit, first_logit + entry.num_logits))

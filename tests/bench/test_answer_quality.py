@@ -71,7 +71,7 @@ def test_the_smoke_run_scores_both_modes_on_the_bundled_model(settings, tmp_path
         assert row["f1"] == pytest.approx(
             sum(a["f1"] for a in row["answers"]) / SMOKE_QUESTIONS, abs=1e-3
         )
-        assert row["seconds"] > 0 and row["weights_mb"] > 100
+        assert row["seconds"] > 0 and row["weights_mb"] > 0
     assert 0 <= rows[1]["gold_retrieved"] <= 1
 
     table = format_table(report)

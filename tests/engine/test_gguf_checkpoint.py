@@ -32,7 +32,7 @@ from inference.engine.layers.quantization import (
     weight_formats,
 )
 from inference.engine.loader import load_model
-from inference.model_files import bundled_chat_gguf, resolve_chat_model
+from inference.model_files import resolve_chat_model
 from tests.engine.broken_gguf import truncated_copy, with_metadata_value, with_tensor_type
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,23 +44,14 @@ QWEN_15B = "qwen2.5-coder-1.5b-instruct"
 
 
 @pytest.fixture(scope="module")
-def gguf_path(catalogue_gguf):
-    """Factory: the real GGUF file of a catalogue model."""
-
-    def find(name: str) -> Path:
-        return bundled_chat_gguf() if name == SMOLLM2 else catalogue_gguf(name)
-
-    return find
-
-
-@pytest.fixture(scope="module")
-def auto_bf16(gguf_path):
+def auto_bf16(catalogue_gguf):
     """Factory: the model of a GGUF loaded as the engine serves it (bf16, "auto"), once each."""
     loaded = {}
 
     def load(name: str):
         if name not in loaded:
-            loaded[name] = load_model(gguf_path(name), dtype=torch.bfloat16, quantization="auto")
+            path = catalogue_gguf(name)
+            loaded[name] = load_model(path, dtype=torch.bfloat16, quantization="auto")
         return loaded[name]
 
     return load
@@ -77,8 +68,8 @@ def reference_values(path: Path, tensor_name: str) -> tuple[torch.Tensor, str]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [SMOLLM2, GEMMA])
-def test_the_config_from_the_metadata_is_transformers_own(gguf_path, model) -> None:
-    path = gguf_path(model)
+def test_the_config_from_the_metadata_is_transformers_own(catalogue_gguf, model) -> None:
+    path = catalogue_gguf(model)
     expected = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name).to_dict()
     config = read_hf_config(open_gguf(path)).to_dict()
     expected.pop("_name_or_path")
@@ -90,9 +81,9 @@ def test_the_config_from_the_metadata_is_transformers_own(gguf_path, model) -> N
     ("model", "tensor_name"), [(QWEN_15B, "blk.0.attn_q.weight"), (SMOLLM2, "blk.0.ffn_up.weight")]
 )
 def test_4_bit_blocks_are_codes_scales_and_offsets_that_give_gguf_values_exactly(
-    gguf_path, model, tensor_name
+    catalogue_gguf, model, tensor_name
 ) -> None:
-    path = gguf_path(model)
+    path = catalogue_gguf(model)
     tensor = open_gguf(path).tensors[tensor_name]
     blocks = int4_blocks(tensor.data, tensor.ggml_type)
     expected, _ = reference_values(path, tensor_name)
@@ -130,17 +121,17 @@ INT8_CASES = [
     ("model", "tensor_name", "ggml_type", "layer_name", "first_row"), INT4_CASES
 )
 def test_4_bit_tensors_keep_their_codes_within_bf16_scale_and_zero_point_rounding(
-    auto_bf16, gguf_path, model, tensor_name, ggml_type, layer_name, first_row
+    auto_bf16, catalogue_gguf, model, tensor_name, ggml_type, layer_name, first_row
 ) -> None:
     layer = auto_bf16(model).model.get_submodule(layer_name)
     assert isinstance(layer, Int4Linear) and layer.group_size == 32
-    expected, stored_type = reference_values(gguf_path(model), tensor_name)
+    expected, stored_type = reference_values(catalogue_gguf(model), tensor_name)
     assert stored_type == ggml_type
     num_rows, num_columns = expected.shape
     rows = slice(first_row, first_row + num_rows)
     values = layer.dequantize_rows(rows.start, rows.stop, torch.float32)
 
-    tensor = open_gguf(gguf_path(model)).tensors[tensor_name]
+    tensor = open_gguf(catalogue_gguf(model)).tensors[tensor_name]
     blocks = int4_blocks(tensor.data, tensor.ggml_type)
     scale = blocks.scales[..., None]
     bf16_scale = scale.to(torch.bfloat16).float()
@@ -163,11 +154,11 @@ def test_4_bit_tensors_keep_their_codes_within_bf16_scale_and_zero_point_roundin
     ("model", "tensor_name", "ggml_type", "layer_name", "first_row"), INT8_CASES
 )
 def test_5_to_8_bit_tensors_are_int8_rows_within_half_a_step(
-    auto_bf16, gguf_path, model, tensor_name, ggml_type, layer_name, first_row
+    auto_bf16, catalogue_gguf, model, tensor_name, ggml_type, layer_name, first_row
 ) -> None:
     layer = auto_bf16(model).model.get_submodule(layer_name)
     assert isinstance(layer, Int8Linear)
-    expected, stored_type = reference_values(gguf_path(model), tensor_name)
+    expected, stored_type = reference_values(catalogue_gguf(model), tensor_name)
     assert stored_type == ggml_type
     values = layer.dequantize_rows(first_row, first_row + expected.shape[0], torch.float32)
     row_max = expected.abs().amax(dim=1, keepdim=True)
@@ -180,11 +171,13 @@ def test_5_to_8_bit_tensors_are_int8_rows_within_half_a_step(
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", [SMOLLM2, GEMMA, QWEN_05B])
-def test_float32_logits_from_the_gguf_match_transformers_own_gguf_load(gguf_path, model) -> None:
+def test_float32_logits_from_the_gguf_match_transformers_own_gguf_load(
+    catalogue_gguf, model
+) -> None:
     """quantization "none": the float32 reference path (llama's q/k rows, Gemma's norms)."""
     from transformers import AutoModelForCausalLM
 
-    path = gguf_path(model)
+    path = catalogue_gguf(model)
     token_ids = [2, 818, 5279, 529, 7001, 563, 1374, 23676, 108, 506, 3385, 15, 88, 104]
     hf_model = AutoModelForCausalLM.from_pretrained(
         str(path.parent), gguf_file=path.name, dtype=torch.float32
@@ -211,8 +204,8 @@ def test_auto_is_the_default_and_follows_each_tensors_type(auto_bf16) -> None:
     assert isinstance(model.lm_head, Int8Linear)
 
 
-def test_a_fused_projection_takes_its_most_precise_shards_format(auto_bf16, gguf_path) -> None:
-    tensors = open_gguf(gguf_path(GEMMA)).tensors
+def test_a_fused_projection_takes_its_most_precise_shards_format(auto_bf16, catalogue_gguf) -> None:
+    tensors = open_gguf(catalogue_gguf(GEMMA)).tensors
     model = auto_bf16(GEMMA).model
     for index, layer in enumerate(model.layers):
         types = {tensors[f"blk.{index}.attn_{name}.weight"].ggml_type.name for name in "qkv"}
@@ -224,19 +217,19 @@ def test_a_fused_projection_takes_its_most_precise_shards_format(auto_bf16, gguf
     ("quantization", "formats"),
     [("none", {"float": 121}), ("int8", {"int8": 121}), ("int4", {"int4": 120, "int8": 1})],
 )
-def test_a_configured_quantization_applies_to_every_layer(gguf_path, quantization, formats):
-    loaded = load_model(gguf_path(SMOLLM2), dtype=torch.bfloat16, quantization=quantization)
+def test_a_configured_quantization_applies_to_every_layer(catalogue_gguf, quantization, formats):
+    loaded = load_model(catalogue_gguf(SMOLLM2), dtype=torch.bfloat16, quantization=quantization)
     assert weight_formats(loaded.model) == formats
     assert loaded.report.formats == formats
 
 
 @pytest.mark.slow
-def test_the_15b_is_served_in_int4_and_int8_within_15_percent_of_its_gguf_bytes(gguf_path):
+def test_the_15b_is_served_in_int4_and_int8_within_15_percent_of_its_gguf_bytes(catalogue_gguf):
     # NOTE: through its prepared directory (config.json, tokenizer, model.gguf), as it is served
     prepared = resolve_chat_model(
         QWEN_15B, Path(settings.MODELS_DIR), model_cache=settings.CACHET_MODEL_CACHE
     ).directory
-    path = gguf_path(QWEN_15B)
+    path = catalogue_gguf(QWEN_15B)
     config = EngineConfig(prepared, dtype="bfloat16", kv_cache_mb=64, max_model_len=1024)
     runner = ModelRunner(config)
     report = runner.load_report
@@ -258,16 +251,16 @@ def test_the_15b_is_served_in_int4_and_int8_within_15_percent_of_its_gguf_bytes(
 # --- bad input ---------------------------------------------------------------------------------
 
 
-def test_a_truncated_gguf_is_refused_naming_the_file(gguf_path, tmp_path) -> None:
-    source = gguf_path(SMOLLM2)
+def test_a_truncated_gguf_is_refused_naming_the_file(catalogue_gguf, tmp_path) -> None:
+    source = catalogue_gguf(SMOLLM2)
     broken = truncated_copy(source, tmp_path / "cut.gguf", source.stat().st_size - 4096)
     with pytest.raises(GGUFFileError, match=f"^{broken}: the file is truncated: tensor "):
         load_model(broken, dtype=torch.bfloat16, quantization="auto")
 
 
-def test_an_unknown_architecture_is_refused_naming_the_file(gguf_path, tmp_path) -> None:
+def test_an_unknown_architecture_is_refused_naming_the_file(catalogue_gguf, tmp_path) -> None:
     broken = with_metadata_value(
-        gguf_path(SMOLLM2), tmp_path / "bloom.gguf", "general.architecture", "bloom"
+        catalogue_gguf(SMOLLM2), tmp_path / "bloom.gguf", "general.architecture", "bloom"
     )
     with pytest.raises(GGUFFileError) as caught:
         load_model(broken, dtype=torch.bfloat16)
@@ -278,11 +271,11 @@ def test_an_unknown_architecture_is_refused_naming_the_file(gguf_path, tmp_path)
 
 
 def test_an_unsupported_quantization_type_names_the_file_the_tensor_and_the_type(
-    gguf_path, tmp_path
+    catalogue_gguf, tmp_path
 ) -> None:
     iq4_nl = int(gguf.GGMLQuantizationType.IQ4_NL)
     broken = with_tensor_type(
-        gguf_path(SMOLLM2), tmp_path / "iq.gguf", "blk.3.ffn_up.weight", iq4_nl
+        catalogue_gguf(SMOLLM2), tmp_path / "iq.gguf", "blk.3.ffn_up.weight", iq4_nl
     )
     with pytest.raises(GGUFFileError) as caught:
         load_model(broken, dtype=torch.bfloat16)
@@ -292,9 +285,11 @@ def test_an_unsupported_quantization_type_names_the_file_the_tensor_and_the_type
     )
 
 
-def test_a_tensor_whose_shape_disagrees_with_the_config_is_refused(gguf_path, tmp_path) -> None:
+def test_a_tensor_whose_shape_disagrees_with_the_config_is_refused(
+    catalogue_gguf, tmp_path
+) -> None:
     broken = with_metadata_value(
-        gguf_path(SMOLLM2), tmp_path / "ffn.gguf", "llama.feed_forward_length", 1024
+        catalogue_gguf(SMOLLM2), tmp_path / "ffn.gguf", "llama.feed_forward_length", 1024
     )
     with pytest.raises(GGUFFileError) as caught:
         load_model(broken, dtype=torch.bfloat16)

@@ -108,9 +108,7 @@ def _rewrite_checkpoint(source, directory, edit) -> None:
     save_file(weights, directory / "model.safetensors")
 
 
-def test_qwen3_checkpoint_without_its_q_norm_is_refused_naming_the_weight(
-    tiny_model_dir, tmp_path
-):
+def test_qwen3_checkpoint_without_its_q_norm_is_refused_naming_the_weight(tiny_model_dir, tmp_path):
     def drop_q_norm(weights):
         del weights["model.layers.1.self_attn.q_norm.weight"]
 

@@ -41,7 +41,8 @@ def test_an_unsupported_architecture_is_refused(tmp_path) -> None:
     (tmp_path / "model.safetensors").write_bytes(b"")
     errors = errors_of(ModelConfig(name="gpt2", source=str(tmp_path)))
     assert errors["source"] == [
-        "model type 'gpt2' is not supported; supported: llama, mistral, qwen2"
+        "model type 'gpt2' is not supported; "
+        "supported: gemma3, gemma3_text, llama, mistral, qwen2, qwen3"
     ]
 
 

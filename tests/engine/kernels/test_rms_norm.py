@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from inference.engine.kernels import rms_norm as native_rms_norm
-from inference.engine.model_runner import BatchEntry
 from inference.engine.layers.norm import RMSNorm
+from inference.engine.model_runner import BatchEntry
 from tests.engine.real_model import bfloat16_runner
 
 needs_kernel = pytest.mark.skipif(
