@@ -11,7 +11,7 @@ TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # Catalogue models the real-weight tests load (tests/conftest.py's catalogue_gguf), fetched once into
 # the models cache (CACHET_MODEL_CACHE, outside the repository); later runs find them in < 1 s.
-TEST_MODELS := qwen2.5-coder-0.5b-instruct gemma-3-270m
+TEST_MODELS := qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct gemma-3-270m
 
 .PHONY: install browser run test test-models test-default test-integration lint format clean
 
@@ -57,8 +57,11 @@ test: install browser test-models
 	$(MAKE) test-default
 	$(MAKE) test-integration
 
+# Also the AWQ / GPTQ / compressed-tensors test checkpoints, made once by the real quantizers in
+# their own venv (harness/quantized_checkpoints.py; ~3 min the first time, then < 1 s).
 test-models: install
 	$(PY) -m inference.model_fetch $(TEST_MODELS)
+	$(PY) -m harness.quantized_checkpoints
 
 # The whole suite on the embedded defaults: SQLite, in-memory channel layer, in-process tasks.
 test-default:

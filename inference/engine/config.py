@@ -87,9 +87,11 @@ class EngineConfig:
     # torch threads of the engine thread (0: torch's default, one per core); see engine.py.
     num_threads: int = 0
     # Weight formats: "auto" follows the checkpoint (a GGUF's tensor types, gguf_checkpoint.py;
-    # a float checkpoint loads in `dtype`), "none" is `dtype` throughout, "int8" / "int4" quantize
-    # every linear layer (quantization.py); the int4 group size of "int4" (a GGUF's 4-bit blocks
-    # are groups of 32); "int8" kv_cache_dtype halves the KV bytes per token (kv_cache.py).
+    # an AWQ / GPTQ / compressed-tensors checkpoint's int4 layers, quantized_checkpoint.py; a
+    # float checkpoint loads in `dtype`), "none" is `dtype` throughout, "int8" / "int4" quantize
+    # every linear layer (quantization.py; int4 checkpoints keep their codes and groups); the int4
+    # group size of "int4" (a GGUF's 4-bit blocks are groups of 32); "int8" kv_cache_dtype halves
+    # the KV bytes per token (kv_cache.py).
     quantization: str = "auto"
     quantization_group_size: int = DEFAULT_INT4_GROUP_SIZE
     kv_cache_dtype: str = "auto"
@@ -110,6 +112,11 @@ class EngineConfig:
     speculative_method: str = "ngram"
     draft_model_dir: Path | str | None = None
     draft_kv_cache_mb: float | None = None
+    # The draft model's weight formats (None: `quantization`'s). A draft only proposes and the
+    # target checks every token, so its formats move the speed-up, never the output: "int4"
+    # puts a draft on the native int4 kernel and the fused decode where a GGUF's own formats
+    # would not (Qwen2.5-Coder-0.5B's Q5_0 tensors load as int8, which runs layer by layer).
+    draft_quantization: str | None = None
     # The native CPU kernels (kernels/) where the CPU and the model allow them; False: the
     # PyTorch path only. fused_decode: pure decode steps run all layers in one native call
     # (kernels/decode_layers.py); False runs them layer by layer, with the same results bit for
@@ -185,6 +192,11 @@ class EngineConfig:
                 f"draft_model_dir is only used with speculative_method 'draft', "
                 f"not {self.speculative_method!r}"
             )
+        if self.draft_quantization is not None:
+            try:
+                check_quantization(self.draft_quantization, self.quantization_group_size)
+            except ValueError as error:
+                raise ConfigError(f"draft_quantization: {error}") from None
         mb = self.draft_kv_cache_mb
         if mb is not None:
             if isinstance(mb, bool) or not isinstance(mb, int | float):
@@ -198,7 +210,8 @@ class EngineConfig:
         return self.speculative_method == "draft" and self.num_speculative_tokens > 0
 
     def draft_config(self) -> EngineConfig:
-        """The draft model's runner settings: this config's formats and limits, its own KV."""
+        """The draft model's runner settings: this config's dtype and limits, its own KV cache
+        and (with `draft_quantization`) weight formats."""
         if self.draft_model_dir is None:
             raise ConfigError("speculative_method 'draft' needs draft_model_dir (the draft model)")
         kv_cache_mb = self.kv_cache_mb if self.draft_kv_cache_mb is None else self.draft_kv_cache_mb
@@ -206,10 +219,12 @@ class EngineConfig:
             self,
             model_dir=self.draft_model_dir,
             kv_cache_mb=kv_cache_mb,
+            quantization=self.draft_quantization or self.quantization,
             num_speculative_tokens=0,
             speculative_method="ngram",
             draft_model_dir=None,
             draft_kv_cache_mb=None,
+            draft_quantization=None,
         )
 
     @property

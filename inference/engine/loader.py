@@ -4,7 +4,8 @@ GGUF checkpoint.
 Reads config.json and every *.safetensors file (one or many shards), maps checkpoint names onto
 our parameters (q/k/v into `qkv_proj`, gate/up into `gate_up_proj`) and casts to the requested
 dtype while copying, so a float32 checkpoint never exists twice in memory. A GGUF's tensors go
-through the same names into the engine's quantized formats (gguf_checkpoint.py). Every load
+through the same names into the engine's quantized formats (gguf_checkpoint.py), and so do the
+int4 layers of an AWQ, GPTQ or compressed-tensors checkpoint (quantized_checkpoint.py). Every load
 reports its time, peak memory and weight bytes (load_report.py).
 """
 
@@ -14,6 +15,7 @@ import contextlib
 import ctypes
 import json
 import logging
+from collections.abc import Container
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ from inference.engine.layers.quantization import (
 from inference.engine.load_report import LoadMeter, LoadReport
 from inference.engine.models.causal_lm import CausalLM, DecoderArgs
 from inference.engine.models.registry import architecture_of
+from inference.engine.quantized_checkpoint import load_int4_layers, read_int4_format
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +100,9 @@ def load_model(
     weights are its model.gguf (inference/model_files.py prepares those). A GGUF loads straight
     into the engine's formats (gguf_checkpoint.py: "auto" keeps its tensors' precision); a
     safetensors checkpoint loads in `dtype` and is then quantized (quantization.py; "auto" is
-    "none" for it).
+    "none" for it). An AWQ / GPTQ / compressed-tensors int4 checkpoint's int4 layers keep their
+    codes under "auto" and "int4" (quantized_checkpoint.py: "none" dequantizes them, "int8"
+    requantizes them), its float tensors load as a safetensors checkpoint's.
     """
     if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype {dtype} is not supported; use one of {SUPPORTED_DTYPES}")
@@ -130,7 +135,20 @@ def load_model(
         checkpoint_format, checkpoint_bytes = "gguf", gguf.tensor_bytes
         del gguf  # NOTE: unmaps the file (nothing built refers to its pages)
     else:
-        checkpoint_bytes = _load_safetensors(model, model_dir, args, dtype, device)
+        int4_format = read_int4_format(model_dir / "config.json")
+        int4_keys: set[str] = set()
+        if int4_format is not None:
+            int4_keys = load_int4_layers(
+                model,
+                sorted(model_dir.glob("*.safetensors")),
+                int4_format,
+                param_name=lambda key: _param_name(key, args),
+                shard_offsets=_shard_offsets(args),
+                dtype=dtype,
+                quantization=quantization,
+                native_kernels=native_kernels,
+            )
+        checkpoint_bytes = _load_safetensors(model, model_dir, args, dtype, device, skip=int4_keys)
         checkpoint_format = "safetensors"
         model = quantize_model(
             model,
@@ -167,15 +185,23 @@ def _return_freed_memory() -> None:
 
 
 def _load_safetensors(
-    model: CausalLM, model_dir: Path, args: DecoderArgs, dtype: torch.dtype, device: Any
+    model: CausalLM,
+    model_dir: Path,
+    args: DecoderArgs,
+    dtype: torch.dtype,
+    device: Any,
+    skip: Container[str] = (),
 ) -> int:
-    """Fill `model` from every *.safetensors file of `model_dir`; returns their bytes."""
+    """Fill `model` from every *.safetensors file of `model_dir` but the keys in `skip` (int4
+    layers already built); returns the files' bytes."""
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise ValueError(f"{model_dir} has no *.safetensors weights")
+    # NOTE: only those still on the meta device: a dequantized int4 layer ("none") has its own.
     params = {
         name: torch.empty(p.shape, dtype=dtype, device=device)
         for name, p in model.named_parameters()
+        if p.is_meta
     }
     shard_offsets = _shard_offsets(args)
     # parameter name -> shards still to copy (3 for qkv_proj, 2 for gate_up_proj, else 1)
@@ -183,7 +209,7 @@ def _load_safetensors(
     for path in files:
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-                target = _param_name(key, args)
+                target = None if key in skip else _param_name(key, args)
                 if target is None:
                     continue
                 name, shard = target
