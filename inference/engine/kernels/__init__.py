@@ -46,11 +46,22 @@ COMPILE_TIMEOUT_S = 120
 
 
 @dataclass(frozen=True, slots=True)
+class OptionalSource:
+    """A file of csrc/ linked only where the CPU has its instructions; the source that calls it
+    is compiled with `-D<define>` then, and must do without it otherwise."""
+
+    source: str
+    required_cpu_flags: tuple[str, ...]
+    define: str
+
+
+@dataclass(frozen=True, slots=True)
 class KernelSpec:
     source: str  # file name in csrc/
     required_cpu_flags: tuple[str, ...]  # as /proc/cpuinfo spells them
     # other files of csrc/ compiled into the same library (kernels the source calls)
     linked_sources: tuple[str, ...] = ()
+    optional_sources: tuple[OptionalSource, ...] = ()
 
 
 KERNELS = {
@@ -66,16 +77,24 @@ KERNELS = {
         "linear_bf16.c", ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16")
     ),
     "silu_and_mul": KernelSpec("silu_and_mul.c", ("avx512f", "avx512bw", "avx512_bf16")),
+    # NOTE: the AMX matmul is linked where the CPU has AMX (bf16 models' layers); without it
+    # the fused decode still serves models whose layers are all native int4.
     "decode_layers": KernelSpec(
         "decode_layers.c",
-        ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"),
+        ("avx512f", "avx512bw", "avx512_bf16", "avx512_vnni"),
         linked_sources=(
             "rms_norm.c",
             "rotary_store.c",
             "paged_decode_attention.c",
-            "linear_bf16.c",
             "int4_linear.c",
             "silu_and_mul.c",
+        ),
+        optional_sources=(
+            OptionalSource(
+                "linear_bf16.c",
+                ("avx512f", "avx512bw", "avx512_bf16", "amx_tile", "amx_bf16"),
+                "CACHET_WITH_LINEAR_BF16_AMX",
+            ),
         ),
     ),
 }
@@ -162,13 +181,21 @@ def _build(spec: KernelSpec) -> Path:
     if shutil.which(compiler) is None:
         raise OSError(f"no C compiler {compiler!r} on PATH")
     source = SOURCE_DIR / spec.source
-    sources = [source, *(SOURCE_DIR / name for name in spec.linked_sources)]
+    optional = [
+        extra for extra in spec.optional_sources if cpu_flags().issuperset(extra.required_cpu_flags)
+    ]
+    sources = [
+        source,
+        *(SOURCE_DIR / name for name in spec.linked_sources),
+        *(SOURCE_DIR / extra.source for extra in optional),
+    ]
+    flags = [*COMPILE_FLAGS, *(f"-D{extra.define}" for extra in optional)]
     headers = sorted(SOURCE_DIR.glob("*.h"))  # included by the sources: part of the build
     version = _compiler_version(compiler)
     key = hashlib.sha256()
     for part in (
         *(path.read_bytes() for path in [*sources, *headers]),
-        " ".join(COMPILE_FLAGS).encode(),
+        " ".join(flags).encode(),
         version.encode(),
     ):
         key.update(part)
@@ -186,7 +213,7 @@ def _build(spec: KernelSpec) -> Path:
     with tempfile.TemporaryDirectory(dir=library.parent) as work_dir:
         partial = Path(work_dir) / library.name
         result = subprocess.run(
-            [compiler, *COMPILE_FLAGS, "-o", str(partial), *map(str, sources)],
+            [compiler, *flags, "-o", str(partial), *map(str, sources)],
             capture_output=True,
             text=True,
             timeout=COMPILE_TIMEOUT_S,

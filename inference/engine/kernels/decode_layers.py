@@ -7,8 +7,9 @@ step of which the kernels themselves were ~6. `FusedDecode` describes every laye
 and KV cache to the C code once, at load time; a step then makes one call for all the layers.
 The embedding lookup, the final norm and the logits stay in Python.
 
-It applies to bf16 models whose linear layers all run native kernels (AMX bf16, or int4 on
-the VNNI kernel) with a bf16 KV cache, and to steps made of single-token decodes only without
+It applies to bf16 models whose linear layers all run native kernels (AMX bf16 where the CPU
+has AMX, or int4 on the VNNI kernel: so int4 models on AVX-512 VNNI CPUs without AMX too) with
+a bf16 KV cache, and to steps made of single-token decodes only without
 a shared-prefix cascade; everything else (prefill, mixed steps, speculative verification, a
 cascade over a shared prefix, int8 weights or KV cache, float32) takes the module path.
 Results are the module path's bit for bit: the same kernels in the same order on the same
@@ -150,7 +151,8 @@ def is_supported(model: CausalLM, kv_caches: list[LayerKVCache], block_size: int
     The C code runs the plain Llama layer: no per-head q/k norms (Qwen3), no sliding windows,
     and no other architecture (Gemma's norms and GeGLU). The attention inside is
     paged_decode_attention's, so its shapes apply; the norms and the KV cache must be bf16,
-    every linear layer must run a native kernel (AMX bf16 or int4 VNNI), and the kernel must be
+    every linear layer must run a native kernel (AMX bf16 or int4 VNNI; AMX layers only exist
+    where the CPU has AMX, and the library links the AMX matmul there), and the kernel must be
     built for this machine.
     """
     if not isinstance(model, LlamaForCausalLM):

@@ -16,8 +16,11 @@ from tests.engine.real_model import float32_runner
 
 pytestmark = pytest.mark.skipif(
     native_kernels.load_kernel("decode_layers") is None,
-    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16/VNNI and AMX, and a compiler",
+    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16 and VNNI, and a compiler",
 )
+# NOTE: bf16 layers run fused only on the AMX matmul; int4 ones on the VNNI kernel everywhere.
+HAS_AMX = native_kernels.load_kernel("linear_bf16") is not None
+FUSED_QUANTIZATION = "none" if HAS_AMX else "int4"  # what a tiny model runs fused in
 
 BLOCKS_PER_SEQ = 40  # 640 tokens
 
@@ -35,7 +38,7 @@ def runner(model_dir, quantization: str, **options) -> ModelRunner:
     return ModelRunner(config)
 
 
-@pytest.fixture(scope="module", params=["none", "int4"])
+@pytest.fixture(scope="module", params=["none", "int4"] if HAS_AMX else ["int4"])
 def fused_runner(request, chat_model_dir) -> ModelRunner:
     return runner(chat_model_dir, request.param)
 
@@ -111,6 +114,11 @@ def test_steps_with_a_prefill_or_a_shared_prefix_take_the_layer_by_layer_path(fu
     assert not fused.applies_to(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
 
 
+@pytest.mark.skipif(HAS_AMX, reason="with AMX, bf16 layers run fused on the AMX matmul")
+def test_without_amx_a_bf16_model_keeps_the_layer_by_layer_path(chat_model_dir):
+    assert runner(chat_model_dir, "none").model.fused_decode is None
+
+
 def test_int8_weights_and_float32_models_keep_the_layer_by_layer_path(chat_model_dir):
     assert runner(chat_model_dir, "int8").model.fused_decode is None
     float32 = float32_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
@@ -169,7 +177,12 @@ def test_a_dropped_runner_frees_its_model_without_waiting_for_the_garbage_collec
 
 def tiny_bf16_runner(directory) -> ModelRunner:
     config = EngineConfig(
-        directory, dtype=torch.bfloat16, kv_cache_mb=4, block_size=16, max_model_len=256
+        directory,
+        dtype=torch.bfloat16,
+        quantization=FUSED_QUANTIZATION,
+        kv_cache_mb=4,
+        block_size=16,
+        max_model_len=256,
     )
     return ModelRunner(config)
 

@@ -9,6 +9,9 @@
  * Here the same kernels (linked from their own sources: rms_norm.c, int4_linear.c, ...) run in
  * sequence from C, with scratch buffers allocated once per step.
  *
+ * Linked with linear_bf16.c (AMX, -DCACHET_WITH_LINEAR_BF16_AMX) where the CPU has AMX; without
+ * it, only models whose linear layers are all int4 (int4_linear.c, AVX-512 VNNI) run here.
+ *
  * Each layer computes exactly what models/llama.py's DecoderLayer does on the native path:
  *   hidden, residual = norm1(x, residual)   (layer 0: hidden = norm1(x), residual = x)
  *   qkv = qkv_proj(hidden); q, k rotated, k and v written to the paged cache
@@ -54,8 +57,12 @@ static void to_bf16(const float *src, uint16_t *dst, int64_t count) {
 static int linear(const linear_desc *layer, const uint16_t *x, uint16_t *out, int64_t m,
                   int num_threads) {
     if (layer->kind == LINEAR_BF16_AMX)
+#ifdef CACHET_WITH_LINEAR_BF16_AMX
         return linear_bf16_amx(x, layer->weight, layer->bias, out, m, layer->out_features,
                                layer->in_features, num_threads);
+#else
+        return -2; /* built without AMX: decode_layers.py describes no AMX layer then */
+#endif
     const int status = int4_linear_vnni(x, layer->weight, layer->scales, layer->zero_points, out, m,
                                         layer->out_features, layer->padded_out_features,
                                         layer->in_features, layer->group_size, num_threads);
