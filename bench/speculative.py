@@ -5,9 +5,11 @@ a time: code generation, an extractive RAG answer (a passage and a question abou
 text. Methods: no speculation, n-gram prompt lookup, and a draft model (default:
 qwen2.5-coder-0.5b-instruct) proposing k = 3, 4 and 5 tokens. Reported per method and prompt:
 decode tok/s (after the first token, on a warm prefix cache), the speed-up over no speculation,
-the share of drafts accepted, tokens per verification pass, and whether the answer is the one
-plain decoding gave (in bf16 a verification pass may round a near-tie the other way; float32
-answers are identical, tests/engine/test_draft_speculation.py).
+the share of drafts accepted, and whether the answer is the one plain decoding gave. (It is,
+token for token, in float32; in bf16 too as long as contexts are short: beyond 8 KV blocks the
+decode attention kernel splits a context into partitions chosen by the batch's size, and a
+verification batches the drafts' positions, so a near-tie may round the other way, as it may
+when plain decoding shares its batch with other requests.)
 
 Every method runs in a fresh process: each engine thread gets its own OpenMP team, and a second
 engine thread in one process slows every parallel region after it (see the NOTE in engine.py's
@@ -23,13 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import platform
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import CannotRunError, default_models_dir, rounded, run_cli
+from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL
 
 logger = logging.getLogger(__name__)
@@ -85,13 +86,16 @@ def measure_method(
     target_dir: Path,
     draft_dir: Path | None,
     *,
-    quantization: str,
     max_tokens: int,
+    engine_options: dict,
 ) -> dict:
-    """One engine with `method`: each prompt answered once to warm up, then measured."""
+    """One engine with `method`: each prompt answered once to warm up, then measured.
+    `engine_options`: EngineConfig's quantization, draft_quantization and num_threads."""
     from inference.engine import Engine, EngineConfig, SamplingParams
 
-    settings: dict = {"max_model_len": 2048, "kv_cache_mb": 256, "quantization": quantization}
+    settings: dict = {"max_model_len": 2048, "kv_cache_mb": 256} | engine_options
+    if method.name != "draft":
+        settings.pop("draft_quantization", None)
     if method.name != "none":
         settings["num_speculative_tokens"] = method.num_speculative_tokens
     if method.name == "draft":
@@ -130,16 +134,23 @@ def run_benchmark(
     quantization: str,
     max_tokens: int,
     models_dir: Path,
+    draft_quantization: str | None = None,
+    num_threads: int = 0,
     smoke: bool = False,
 ) -> dict:
     from inference.model_files import resolve_chat_model
 
     target_dir = resolve_chat_model(target, models_dir).directory
     draft_dir = resolve_chat_model(draft, models_dir).directory
+    engine_options = {
+        "quantization": quantization,
+        "draft_quantization": draft_quantization,
+        "num_threads": num_threads,
+    }
     rows = []
     for method in methods(smoke=smoke):
         logger.info("measuring %s", method.label)
-        rows.append(_in_fresh_process(method, target_dir, draft_dir, quantization, max_tokens))
+        rows.append(_in_fresh_process(method, target_dir, draft_dir, max_tokens, engine_options))
     plain = rows[0]["prompts"]
     plain_token_ids = {name: result["token_ids"] for name, result in plain.items()}
     plain_tok_s = {name: result["tok_s"] for name, result in plain.items()}
@@ -148,24 +159,30 @@ def run_benchmark(
             result["speedup"] = rounded(result["tok_s"] / plain_tok_s[name], 2)
             result["same_answer"] = result.pop("token_ids") == plain_token_ids[name]
     return {
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "target": target,
         "draft": draft,
         "quantization": quantization,
+        "draft_quantization": draft_quantization or quantization,
         "max_tokens": max_tokens,
+        "torch_threads": num_threads or torch_threads(),
         "rows": rows,
     }
 
 
 def _in_fresh_process(
-    method: Method, target_dir: Path, draft_dir: Path, quantization: str, max_tokens: int
+    method: Method,
+    target_dir: Path,
+    draft_dir: Path,
+    max_tokens: int,
+    engine_options: dict,
 ) -> dict:
     arguments = {
         "method": asdict(method),
         "target_dir": str(target_dir),
         "draft_dir": str(draft_dir),
-        "quantization": quantization,
         "max_tokens": max_tokens,
+        "engine_options": engine_options,
     }
     command = [sys.executable, "-m", "bench.speculative", "--child", json.dumps(arguments)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
@@ -181,27 +198,25 @@ def _child(arguments: str) -> int:
         Method(**options["method"]),
         Path(options["target_dir"]),
         Path(options["draft_dir"]),
-        quantization=options["quantization"],
         max_tokens=options["max_tokens"],
+        engine_options=options["engine_options"],
     )
     sys.stdout.write(f"{RESULT_MARKER}{json.dumps(result)}\n")
     return 0
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def format_table(report: dict) -> str:
     lines = [
-        f"{report['target']} ({report['quantization']}), draft {report['draft']}, "
-        f"{report['max_tokens']} greedy tokens, single stream, {report['cpu']}",
+        f"{report['target']} ({report['quantization']}), draft {report['draft']} "
+        f"({report['draft_quantization']}), "
+        f"{report['max_tokens']} greedy tokens, single stream, {report['cpu']}, "
+        f"{report['torch_threads']} torch threads",
         "",
         "| method | prompt | tok/s | speed-up | acceptance | same answer |",
         "|---|---|---:|---:|---:|---|",
@@ -224,9 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     parser.add_argument("--target", help=f"the model (default: {DEFAULT_TARGET})")
     parser.add_argument("--draft", help=f"the draft model (default: {DEFAULT_DRAFT})")
-    parser.add_argument("--quantization", default="int4", help="of both models (default: int4)")
+    parser.add_argument("--quantization", default="int4", help="of the target (default: int4)")
+    parser.add_argument(
+        "--draft-quantization", help="of the draft model (default: as --quantization)"
+    )
     parser.add_argument("--max-tokens", type=int, help=f"per answer (default: {MAX_TOKENS})")
     parser.add_argument("--models-dir", type=Path, default=None, help="default: the data dir's")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
     parser.add_argument(
         "--smoke", action="store_true", help=f"{BUNDLED_CHAT_MODEL} drafting for itself"
     )
@@ -246,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             quantization=args.quantization,
             max_tokens=max_tokens,
             models_dir=args.models_dir or default_models_dir(),
+            draft_quantization=args.draft_quantization,
+            num_threads=args.threads,
             smoke=args.smoke,
         )
 

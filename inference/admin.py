@@ -62,6 +62,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
                     "num_speculative_tokens",
                     "speculative_method",
                     "draft_kv_cache_mb",
+                    "draft_quantization",
                 ),
                 "description": "What each option buys on this machine: docs/benchmarks.md.",
             },

@@ -70,7 +70,13 @@ class ModelConfig(models.Model):
         FLOAT16 = "float16", "float16 (GPUs)"
 
     class Quantization(models.TextChoices):
-        AUTO = "auto", "auto (a GGUF's own: 4-bit tensors int4, 5-8-bit int8; else the dtype)"
+        AUTO = (
+            "auto",
+            (
+                "auto (the checkpoint's own: a GGUF's 4-bit tensors int4, 5-8-bit int8; AWQ / GPTQ "
+                "int4; else the dtype)"
+            ),
+        )
         NONE = "none", "none (the dtype above)"
         INT8 = "int8", "int8 (per channel, about half the weight memory)"
         INT4 = "int4", "int4 (grouped, about a third of the weight memory)"
@@ -118,8 +124,9 @@ class ModelConfig(models.Model):
         max_length=8,
         choices=Quantization.choices,
         default=default_for("quantization"),
-        help_text="Weight formats: auto follows a GGUF checkpoint's tensors; none, int8 and "
-        "int4 apply to every layer (see docs/benchmarks.md).",
+        help_text="Weight formats: auto follows the checkpoint (a GGUF's tensors, an AWQ / GPTQ "
+        "checkpoint's int4 layers); none, int8 and int4 apply to every layer (see "
+        "docs/benchmarks.md).",
     )
     quantization_group_size = models.PositiveIntegerField(
         default=default_for("quantization_group_size"),
@@ -158,6 +165,15 @@ class ModelConfig(models.Model):
         blank=True,
         verbose_name="draft KV cache MB",
         help_text="The draft model's own KV cache. Empty: as many tokens as the model's.",
+    )
+    draft_quantization = models.CharField(
+        max_length=8,
+        choices=Quantization.choices,
+        default=default_for("draft_quantization"),
+        null=True,
+        blank=True,
+        help_text="The draft model's weight formats. Empty: as the model's. int4 makes a draft "
+        "faster where its checkpoint's own formats run layer by layer; answers are unchanged.",
     )
     # --- App fields (APP_FIELDS): the default sampling of chats and the active flag.
     temperature = models.FloatField(
@@ -307,6 +323,13 @@ class ModelConfig(models.Model):
             )
         except EngineConfigError as error:
             return {"draft_source": str(error).removeprefix("draft_model_dir ")}
+        if self.draft_kv_cache_mb and self.max_model_len and self.block_size:
+            needed_mb = self.min_kv_cache_mb(json.loads((draft_dir / "config.json").read_text()))
+            if self.draft_kv_cache_mb < needed_mb:
+                return {
+                    "draft_kv_cache_mb": f"too small to hold one {self.max_model_len}-token "
+                    f"sequence: needs at least {needed_mb} MB for the draft model and dtype"
+                }
         return {}
 
     def kv_cache_spec(self, config: dict[str, Any]) -> KVCacheSpec:

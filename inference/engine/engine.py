@@ -392,7 +392,7 @@ class Engine:
 
 def _load_draft_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:
     try:
-        return ModelRunner(config.draft_config(), num_kv_blocks=num_kv_blocks)
+        return ModelRunner(config.draft_config(), num_kv_blocks=num_kv_blocks, is_draft=True)
     except (ValueError, OSError) as error:
         raise ConfigError(
             f"the draft model {config.draft_model_dir} could not be loaded: {error}"

@@ -13,16 +13,23 @@ import logging
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from inference.engine import kernels
 from inference.engine.config import ConfigError, EngineConfig
-from inference.engine.kernels import paged_decode_attention
+from inference.engine.kernels import int4_linear, paged_decode_attention
 from inference.engine.kernels.decode_layers import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.layers.attention import build_attention_metadata
 from inference.engine.layers.linear import can_pack, pack_linear_layers, pack_model_for_amx
-from inference.engine.layers.quantization import model_weight_bytes
+from inference.engine.layers.quantization import (
+    Int4Linear,
+    QuantizedEmbedding,
+    QuantizedLinear,
+    model_weight_bytes,
+)
 from inference.engine.loader import load_model
+from inference.engine.models.causal_lm import CausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +59,14 @@ class ModelRunner:
     The runner reads the config's model, dtype, device, weight and KV formats, KV budget, block
     size, max_model_len and native-kernel switches; the scheduling fields are the engine core's.
     `num_kv_blocks`, when given, sizes the KV cache instead of `kv_cache_mb` (a draft model's
-    cache holding as many tokens as its target's).
+    cache holding as many tokens as its target's). `is_draft`: the model only proposes
+    speculative drafts, which the target checks, so its logits table may be int4 (see
+    `use_int4_logits`).
     """
 
-    def __init__(self, config: EngineConfig, *, num_kv_blocks: int | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, *, num_kv_blocks: int | None = None, is_draft: bool = False
+    ) -> None:
         dtype = config.dtype
         if not isinstance(dtype, torch.dtype):  # NOTE: EngineConfig.__post_init__ parsed it
             raise ConfigError(f"dtype {dtype!r} was not resolved to a torch dtype")
@@ -72,6 +83,8 @@ class ModelRunner:
             quantization_group_size=config.quantization_group_size,
         )
         self.model = loaded.model
+        if is_draft and native_kernels:
+            use_int4_logits(self.model, config.quantization_group_size)
         # NOTE: the float layers left, if any (quantization "none", or a GGUF's float tensors
         # under "auto"); quantized ones are not nn.Linear and are left alone.
         if native_kernels:
@@ -217,6 +230,37 @@ class ModelRunner:
                 )
             if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
+
+
+def use_int4_logits(model: CausalLM, group_size: int) -> bool:
+    """Compute `model`'s logits from an int4 copy of its logits table, on the native kernel.
+
+    For a draft model: the table is a large share of a small model's weights, and its int8
+    kernel (PyTorch's) streams it several times slower than the native int4 one streams the
+    layers. Measured on Qwen2.5-Coder-0.5B drafting for the 1.5B (int4, 1 thread): a draft
+    decode step 129 -> 72 ms, the drafts accepted unchanged (87% on code); the price is ~76 MB
+    and the fit at load (15-40 s for its 136M-entry table on 2 busy cores). A tied model's
+    embedding keeps its own table. Returns whether the table was swapped (False where the int4
+    kernel cannot serve it, or the logits are int4 already).
+    """
+    head, embedding = model.lm_head, model.embed_tokens
+    if isinstance(head, Int4Linear):
+        return False
+    if isinstance(head, QuantizedLinear):
+        dtype = embedding.dtype if isinstance(embedding, QuantizedEmbedding) else torch.bfloat16
+        table = head.dequantize_rows(0, head.out_features, dtype)
+    elif isinstance(head, nn.Linear) and head.bias is None:
+        table = head.weight.detach()
+    elif head is None and isinstance(embedding, nn.Embedding):
+        table = embedding.weight.detach()
+    else:
+        return False
+    if not int4_linear.is_supported(table.shape[1], group_size, table.dtype, table.device):
+        return False
+    with torch.no_grad():
+        model.lm_head = Int4Linear(table, None, group_size, dtype=table.dtype)
+    logger.info("draft logits from an int4 table (groups of %d)", group_size)
+    return True
 
 
 def split_into_decodes(entries: list[BatchEntry]) -> tuple[list[BatchEntry], list[int]]:

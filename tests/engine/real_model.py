@@ -13,19 +13,28 @@ def float32_runner(model_dir: Path, *, kv_cache_mb: int, max_model_len: int):
     return _runner(model_dir, torch.float32, kv_cache_mb, max_model_len)
 
 
-def bfloat16_runner(model_dir: Path, *, kv_cache_mb: int, max_model_len: int):
+def bfloat16_runner(
+    model_dir: Path, *, kv_cache_mb: int, max_model_len: int, quantization: str = "none"
+):
     """The real model in bfloat16 (the native CPU kernels' dtype), 16-token blocks."""
-    return _runner(model_dir, torch.bfloat16, kv_cache_mb, max_model_len)
+    return _runner(model_dir, torch.bfloat16, kv_cache_mb, max_model_len, quantization)
 
 
-def _runner(model_dir: Path, dtype: torch.dtype, kv_cache_mb: int, max_model_len: int):
+def _runner(
+    model_dir: Path,
+    dtype: torch.dtype,
+    kv_cache_mb: int,
+    max_model_len: int,
+    quantization: str = "none",
+):
     from inference.engine import EngineConfig, ModelRunner
 
-    # NOTE: float weights ("none"): the bundled model is a GGUF, which "auto" would keep in int4.
+    # NOTE: float weights ("none") unless asked: the bundled model is a GGUF, which "auto" would
+    # keep in int4.
     config = EngineConfig(
         model_dir,
         dtype=dtype,
-        quantization="none",
+        quantization=quantization,
         kv_cache_mb=kv_cache_mb,
         block_size=16,
         max_model_len=max_model_len,

@@ -78,5 +78,24 @@ def test_the_draft_models_config_keeps_the_formats_and_sizes_its_own_kv_cache():
     assert (draft.kv_cache_mb, draft.num_speculative_tokens, draft.draft_model_dir) == (32, 0, None)
 
 
+def test_the_draft_can_load_in_other_weight_formats_than_its_target():
+    settings = {"speculative_method": "draft", "num_speculative_tokens": 4}
+    config = EngineConfig(
+        "target",
+        **settings,
+        draft_model_dir="draft",
+        quantization="auto",
+        draft_quantization="int4",
+    )
+    draft = config.draft_config()
+    assert (config.quantization, draft.quantization, draft.draft_quantization) == (
+        "auto",
+        "int4",
+        None,
+    )
+    with pytest.raises(ConfigError, match="^draft_quantization: "):
+        EngineConfig("target", **settings, draft_model_dir="draft", draft_quantization="int3")
+
+
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)

@@ -231,9 +231,13 @@ def test_bfloat16_greedy_agreement_with_transformers_is_reported(chat_model_dir,
 @pytest.mark.slow
 @pytest.mark.skipif(
     native_kernels.load_kernel("decode_layers") is None,
-    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16/VNNI and AMX, and a compiler",
+    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16 and VNNI, and a compiler",
 )
-@pytest.mark.parametrize("quantization", ["none", "int4"])
+# NOTE: bf16 layers ("none") run fused only on the AMX matmul; int4 ones on the VNNI kernel.
+@pytest.mark.parametrize(
+    "quantization",
+    ["int4", "none"] if native_kernels.load_kernel("linear_bf16") is not None else ["int4"],
+)
 def test_a_verification_on_the_fused_path_gives_exactly_the_logits_of_one_token_at_a_time(
     chat_model_dir, chat_prompts, quantization
 ):
@@ -255,3 +259,44 @@ def test_a_verification_on_the_fused_path_gives_exactly_the_logits_of_one_token_
     for j, token_id in enumerate([11, 12, 13]):
         one_by_one.append(runner.execute([BatchEntry([token_id], len(other) + j, tables[1])]))
     assert torch.equal(together, torch.cat([*one_by_one[:5], one_by_one[-1]]))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    native_kernels.load_kernel("int4_linear") is None,
+    reason="the native int4 kernel needs an x86-64 CPU with AVX-512 VNNI and BF16, and a compiler",
+)
+def test_a_draft_models_logits_come_from_an_int4_table_that_mostly_agrees(
+    chat_model_dir, chat_prompts
+):
+    from inference.engine.layers.quantization import Int4Linear
+
+    plain = _runner(chat_model_dir, torch.bfloat16, quantization="int4")
+    draft = ModelRunner(
+        EngineConfig(
+            chat_model_dir,
+            dtype=torch.bfloat16,
+            quantization="int4",
+            kv_cache_mb=64,
+            block_size=BLOCK_SIZE,
+            max_model_len=MAX_MODEL_LEN,
+        ),
+        is_draft=True,
+    )
+    assert isinstance(draft.model.lm_head, Int4Linear)
+    assert not isinstance(plain.model.lm_head, Int4Linear)
+    # Greedy next tokens along each prompt (teacher-forced): the draft's guesses barely move.
+    table = list(range(16))
+    same = total = 0
+    for prompt in chat_prompts:
+        entry = BatchEntry(prompt, 0, table, num_logits=len(prompt) - 1)
+        picks = [runner.execute([entry]).argmax(dim=-1) for runner in (plain, draft)]
+        same += int((picks[0] == picks[1]).sum())
+        total += len(picks[0])
+    assert same / total > 0.9
+    # float32 (no native int4 kernel) keeps the model's own table.
+    float32_draft = ModelRunner(
+        EngineConfig(chat_model_dir, dtype=torch.float32, kv_cache_mb=16, max_model_len=256),
+        is_draft=True,
+    )
+    assert not isinstance(float32_draft.model.lm_head, Int4Linear)

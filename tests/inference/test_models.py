@@ -105,6 +105,23 @@ def test_the_draft_model_reaches_the_engine_config_as_a_directory(chat_model_dir
     assert engine_config_for(config).draft_model_dir is None
 
 
+def test_a_draft_kv_budget_too_small_for_one_sequence_names_the_minimum(chat_model_dir) -> None:
+    config = ModelConfig(
+        name="d",
+        dtype="bfloat16",
+        max_model_len=4096,
+        speculative_method="draft",
+        draft_source=str(chat_model_dir),
+        draft_kv_cache_mb=8,
+    )
+    assert errors_of(config) == {  # SmolLM2-135M drafting for itself: 23,040 B/token
+        "draft_kv_cache_mb": [
+            "too small to hold one 4096-token sequence: needs at least 90 MB for the draft "
+            "model and dtype"
+        ]
+    }
+
+
 def test_the_draft_method_without_a_draft_model_is_refused_on_the_draft_source(
     chat_model_dir,
 ) -> None:
@@ -167,6 +184,7 @@ NON_DEFAULT_SETTINGS = {
     "num_speculative_tokens": 2,
     "speculative_method": "draft",
     "draft_kv_cache_mb": 32,
+    "draft_quantization": "int4",
 }
 
 
