@@ -46,7 +46,7 @@ from bench.squad_questions import (
     load_passages,
     load_questions,
 )
-from harness import CannotRunError, default_models_dir, rounded, run_cli
+from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 from inference.prompts import PromptBuilder
 
@@ -271,7 +271,7 @@ def run_benchmark(
         "max_answer_tokens": MAX_ANSWER_TOKENS,
         "system_prompt": SHORT_ANSWER_PROMPT,
         "torch_threads": _torch_threads(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
     }
     if "e2e" in modes:
         from bench.squad_retrieval import passages_to_index, retrieve
@@ -341,17 +341,6 @@ def _torch_threads() -> int:
     import torch
 
     return torch.get_num_threads()
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            for line in handle:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 @contextlib.contextmanager

@@ -84,7 +84,7 @@ def bench_hf(
 def bench_engine(
     model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb: int, dtype: str
 ) -> dict:
-    from inference.engine import Engine, EngineConfig, SamplingParams
+    from inference.engine import Engine, EngineConfig
 
     with peak_rss() as rss:
         max_concurrency = max(workload.concurrency)
@@ -97,32 +97,44 @@ def bench_engine(
             max_num_batched_tokens=512,
         )
         engine = Engine(config)
-        tokenizer = engine.tokenizer
         try:
-            first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
-            full = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
-            # Cold: the system prompt has never been seen. Warm: same system prompt, new user turn.
-            [cold] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), first)
-            [warm] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), first)
-            [single] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), full)
-            throughput = {}
-            for num in workload.concurrency:
-                prompts = build_prompts(tokenizer, workload, num, seeds.take(num))
-                started = time.perf_counter()
-                results = engine.generate(prompts, full)
-                seconds = time.perf_counter() - started
-                num_tokens = sum(r.usage.completion_tokens for r in results)
-                throughput[str(num)] = round(num_tokens / seconds, 2)
+            speed = measure_speed(engine, workload, seeds)
         finally:
             engine.shutdown()
     return {
         "dtype": str(config.dtype).removeprefix("torch."),
+        **speed,
+        "peak_rss_mb": mb(rss.peak),
+    }
+
+
+def measure_speed(engine, workload: Workload, seeds: Seeds) -> dict:
+    """Cold and warm TTFT, single-stream decode and throughput per concurrency of `engine`.
+
+    Cold: the system prompt has never been seen. Warm: same system prompt, new user turn.
+    """
+    from inference.engine import SamplingParams
+
+    tokenizer = engine.tokenizer
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    full = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
+    [cold] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), first)
+    [warm] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), first)
+    [single] = engine.generate(build_prompts(tokenizer, workload, 1, seeds.take(1)), full)
+    throughput = {}
+    for num in workload.concurrency:
+        prompts = build_prompts(tokenizer, workload, num, seeds.take(num))
+        started = time.perf_counter()
+        results = engine.generate(prompts, full)
+        seconds = time.perf_counter() - started
+        num_tokens = sum(r.usage.completion_tokens for r in results)
+        throughput[str(num)] = round(num_tokens / seconds, 2)
+    return {
         "cold_ttft_s": round(cold.usage.ttft_s, 4),
         "warm_ttft_s": round(warm.usage.ttft_s, 4),
         "warm_cached_tokens": warm.usage.cached_tokens,
         "decode_tok_s": round(single.usage.tokens_per_s, 2),
         "throughput_tok_s": throughput,
-        "peak_rss_mb": mb(rss.peak),
     }
 
 

@@ -2,7 +2,7 @@
 
 from harness.chat_client import ChatClient, ChatReply, TurnResult, chat_exchange
 from harness.chat_socket import CLOSED, ChatSocket, open_chat
-from harness.cli import CannotRunError, counts, rounded, run_cli
+from harness.cli import CannotRunError, counts, cpu_name, rounded, run_cli
 from harness.live_server import LiveServer, LiveServerError, default_models_dir, free_port
 from harness.site import SITE_TIMEOUT_S, SiteError
 
@@ -19,6 +19,7 @@ __all__ = [
     "TurnResult",
     "chat_exchange",
     "counts",
+    "cpu_name",
     "default_models_dir",
     "free_port",
     "open_chat",

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
+import platform
 import signal
 import sys
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from types import FrameType
 
 logger = logging.getLogger(__name__)
@@ -23,6 +25,17 @@ class CannotRunError(RuntimeError):
 
 def rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
+
+
+def cpu_name() -> str:
+    """The processor's model name, written next to every figure a benchmark reports."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
 
 
 def counts(values: Iterable[object]) -> dict[str, int]:
