@@ -97,7 +97,7 @@ def run_benchmark(
             else []
         )
         logger.info("measuring %s", name)
-        child = {
+        child: dict = {
             "name": name,
             "model_dir": str(resolved.directory),
             "squad_dir": str(squad_dir),
@@ -111,7 +111,14 @@ def run_benchmark(
             ],
             "kv_cache_mb": kv_cache_mb,
         }
-        rows.append(_in_fresh_process(child))
+        try:
+            row = _in_fresh_process(child)
+        except CannotRunError as error:
+            # NOTE: one model that cannot be measured must not cost the others' rows.
+            logger.error("%s", error)
+            row = {"model": name, "error": str(error).splitlines()[-1]}
+        logger.info("%s: %s", name, json.dumps(row))
+        rows.append(row)
     return {
         "config": {
             "cpu": cpu_name(),
@@ -220,7 +227,10 @@ def format_table(report: dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["results"]:
-        formats = " + ".join(f"{name}" for name in sorted(row["formats"]))
+        if "error" in row:
+            lines.append(f"| {row['model']} | failed: {row['error']} |" + " |" * 7)
+            continue
+        formats = " + ".join(sorted(row["formats"]))
         lines.append(
             f"| {row['model']} | {row['checkpoint']} as {formats} | {row['weights_mb']:.0f} "
             f"({row['weight_ratio']:.2f}x) | {row['load_s']:.1f} | {row['load_peak_rss_mb']:.0f} | "
@@ -280,7 +290,12 @@ def main(argv: list[str] | None = None) -> int:
                 smoke=args.smoke,
             )
 
-    return run_cli(run, as_json=args.json, format_report=format_table, num_errors=lambda r: 0)
+    return run_cli(
+        run,
+        as_json=args.json,
+        format_report=format_table,
+        num_errors=lambda report: sum("error" in row for row in report["results"]),
+    )
 
 
 if __name__ == "__main__":

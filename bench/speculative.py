@@ -27,6 +27,7 @@ import json
 import logging
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -71,9 +72,10 @@ class Method:
         return self.name if self.name == "none" else f"{self.name} k={self.num_speculative_tokens}"
 
 
-def methods(*, smoke: bool = False) -> list[Method]:
-    """What is measured (with `smoke`, one draft size: each method loads the models again)."""
-    draft_tokens = DRAFT_TOKENS[1:2] if smoke else DRAFT_TOKENS
+def methods(*, smoke: bool = False, draft_tokens: Sequence[int] = ()) -> list[Method]:
+    """What is measured: the draft sizes given, else all of DRAFT_TOKENS (with `smoke`, one
+    draft size: each method loads the models again)."""
+    draft_tokens = draft_tokens or (DRAFT_TOKENS[1:2] if smoke else DRAFT_TOKENS)
     return [
         Method("none"),
         Method("ngram", NGRAM_TOKENS),
@@ -135,6 +137,7 @@ def run_benchmark(
     max_tokens: int,
     models_dir: Path,
     draft_quantization: str | None = None,
+    draft_tokens: Sequence[int] = (),
     num_threads: int = 0,
     smoke: bool = False,
 ) -> dict:
@@ -148,7 +151,7 @@ def run_benchmark(
         "num_threads": num_threads,
     }
     rows = []
-    for method in methods(smoke=smoke):
+    for method in methods(smoke=smoke, draft_tokens=draft_tokens):
         logger.info("measuring %s", method.label)
         rows.append(_in_fresh_process(method, target_dir, draft_dir, max_tokens, engine_options))
     plain = rows[0]["prompts"]
@@ -247,6 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=None, help="default: the data dir's")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: one per core)")
     parser.add_argument(
+        "--draft-tokens",
+        type=int,
+        action="append",
+        help=f"k, drafts per step; repeat (default: {', '.join(map(str, DRAFT_TOKENS))})",
+    )
+    parser.add_argument(
         "--smoke", action="store_true", help=f"{BUNDLED_CHAT_MODEL} drafting for itself"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one method, in a fresh process
@@ -266,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             max_tokens=max_tokens,
             models_dir=args.models_dir or default_models_dir(),
             draft_quantization=args.draft_quantization,
+            draft_tokens=args.draft_tokens or (),
             num_threads=args.threads,
             smoke=args.smoke,
         )

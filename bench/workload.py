@@ -52,6 +52,9 @@ def build_prompts(
     prompts = []
     for index in range(num_prompts):
         user = text_of_tokens(tokenizer, workload.user_tokens, seed=first_seed + index)
+        if tokenizer.chat_template is None:  # NOTE: a base model: the two parts as plain text
+            prompts.append(tokenizer.encode(f"{system}\n\n{user}"))
+            continue
         messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompts.append(tokenizer.encode(text, add_special_tokens=False))

@@ -40,21 +40,19 @@ def test_the_smoke_table_has_load_speed_and_answer_figures_for_the_bundled_model
     assert f"| {row['gold_f1']:.3f} | {row['e2e_f1']:.3f} |" in line
 
 
+REPORT_CONFIG = {
+    "cpu": "a CPU",
+    "questions": 5,
+    "e2e_questions": 5,
+    "gold_retrieved": 1.0,
+    "retrieval": {"passages": 10, "top_k": 5},
+    "workload": {"system_tokens": 8, "user_tokens": 4, "output_tokens": 2, "concurrency": 16},
+}
+
+
 def test_a_base_model_gets_no_f1_in_the_table() -> None:
     report = {
-        "config": {
-            "cpu": "a CPU",
-            "questions": 5,
-            "e2e_questions": 5,
-            "gold_retrieved": 1.0,
-            "retrieval": {"passages": 10, "top_k": 5},
-            "workload": {
-                "system_tokens": 8,
-                "user_tokens": 4,
-                "output_tokens": 2,
-                "concurrency": 16,
-            },
-        },
+        "config": REPORT_CONFIG,
         "results": [
             {
                 "model": "gemma-3-270m",
@@ -76,3 +74,12 @@ def test_a_base_model_gets_no_f1_in_the_table() -> None:
         "| gemma-3-270m | gguf as int4 + int8 | 230 (1.10x) | 3.0 | 600 | 50.0 | 200.0 | "
         "n/a (base model) | n/a (base model) |"
     )
+
+
+def test_a_model_that_could_not_be_measured_keeps_its_row_with_the_reason() -> None:
+    report = {
+        "config": REPORT_CONFIG,
+        "results": [{"model": "broken", "error": "ValueError: the file is truncated"}],
+    }
+    [line] = [line for line in format_table(report).splitlines() if line.startswith("| broken")]
+    assert line == "| broken | failed: ValueError: the file is truncated |" + " |" * 7
