@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import asdict
 from pathlib import Path
 
 from bench.answer_quality import (
@@ -103,12 +104,7 @@ def run_benchmark(
             "squad_dir": str(squad_dir),
             "num_questions": num_questions if is_instruct else 0,
             "e2e_prompts": e2e_prompts,
-            "workload": [
-                workload.system_tokens,
-                workload.user_tokens,
-                workload.output_tokens,
-                list(workload.concurrency),
-            ],
+            "workload": asdict(workload),
             "kv_cache_mb": kv_cache_mb,
         }
         try:
@@ -126,12 +122,7 @@ def run_benchmark(
             "e2e_questions": len(e2e_questions),
             "gold_retrieved": rounded(retrieved.gold_recall),
             "retrieval": {"passages": retrieved.num_passages, "top_k": retrieved.top_k},
-            "workload": {
-                "system_tokens": workload.system_tokens,
-                "user_tokens": workload.user_tokens,
-                "output_tokens": workload.output_tokens,
-                "concurrency": workload.concurrency[0],
-            },
+            "workload": asdict(workload) | {"concurrency": workload.concurrency[0]},
         },
         "results": rows,
     }
@@ -153,8 +144,8 @@ def measure_model(arguments: dict) -> dict:
     import torch
 
     model_dir = Path(arguments["model_dir"])
-    system_tokens, user_tokens, output_tokens, concurrency = arguments["workload"]
-    workload = Workload(system_tokens, user_tokens, output_tokens, tuple(concurrency))
+    workload = Workload(**arguments["workload"])
+    workload.concurrency = tuple(workload.concurrency)  # NOTE: a list once through JSON
     started = time.perf_counter()
     engine = build_engine(model_dir, "auto", dtype="auto", kv_cache_mb=arguments["kv_cache_mb"])
     load_s = time.perf_counter() - started
