@@ -26,9 +26,7 @@ import argparse
 import contextlib
 import json
 import logging
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -45,6 +43,7 @@ from bench.answer_quality import (
     short_answer_builder,
 )
 from bench.engine import measure_speed
+from bench.fresh_process import child_arguments, report_to_parent, run_in_fresh_process
 from bench.squad_questions import DEFAULT_SQUAD_DIR, SquadDataError, load_passages, load_questions
 from bench.workload import Seeds, Workload
 from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
@@ -59,7 +58,6 @@ DEFAULT_QUESTIONS = 100
 SMOKE_QUESTIONS = 3
 # NOTE: the engine of answer_quality.build_engine; prompts are laid out for this length.
 MAX_MODEL_LEN = 4096
-RESULT_MARKER = "catalogue-bench-result: "
 
 
 def run_benchmark(
@@ -181,23 +179,12 @@ def measure_model(arguments: dict) -> dict:
 
 
 def _in_fresh_process(arguments: dict) -> dict:
-    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="cachet-catalogue-") as handle:
-        json.dump(arguments, handle)
-        handle.flush()
-        command = [sys.executable, "-m", "bench.catalogue", "--child", handle.name]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            return json.loads(line.removeprefix(RESULT_MARKER))
-    raise CannotRunError(
-        f"measuring {arguments['name']} failed (exit {done.returncode}):\n{done.stderr[-3000:]}"
-    )
+    return run_in_fresh_process("bench.catalogue", arguments, label=arguments["name"])
 
 
 def _child(arguments_file: str) -> int:
     logging.basicConfig(level=logging.WARNING)
-    row = measure_model(json.loads(Path(arguments_file).read_text()))
-    sys.stdout.write(f"{RESULT_MARKER}{json.dumps(row)}\n")
+    report_to_parent(measure_model(child_arguments(arguments_file)))
     return 0
 
 

@@ -23,15 +23,14 @@ engine thread in one process slows every parallel region after it (see the NOTE 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
+from bench.fresh_process import child_arguments, report_to_parent, run_in_fresh_process
+from harness import cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL
 
 logger = logging.getLogger(__name__)
@@ -42,7 +41,6 @@ DRAFT_TOKENS = (3, 4, 5)
 NGRAM_TOKENS = 5  # the app's default (inference/models.py)
 MAX_TOKENS = 128
 SMOKE_MAX_TOKENS = 16
-RESULT_MARKER = "speculative-bench-result: "
 
 PASSAGE = (
     "Travel policy, section 4. Employees book flights through the travel desk at least 14 days "
@@ -187,16 +185,11 @@ def _in_fresh_process(
         "max_tokens": max_tokens,
         "engine_options": engine_options,
     }
-    command = [sys.executable, "-m", "bench.speculative", "--child", json.dumps(arguments)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT_MARKER):
-            return dict(json.loads(line.removeprefix(RESULT_MARKER)))
-    raise CannotRunError(f"measuring {method.label} failed:\n{done.stderr[-4000:]}")
+    return run_in_fresh_process("bench.speculative", arguments, label=method.label)
 
 
-def _child(arguments: str) -> int:
-    options = json.loads(arguments)
+def _child(arguments_file: str) -> int:
+    options = child_arguments(arguments_file)
     result = measure_method(
         Method(**options["method"]),
         Path(options["target_dir"]),
@@ -204,7 +197,7 @@ def _child(arguments: str) -> int:
         max_tokens=options["max_tokens"],
         engine_options=options["engine_options"],
     )
-    sys.stdout.write(f"{RESULT_MARKER}{json.dumps(result)}\n")
+    report_to_parent(result)
     return 0
 
 

@@ -72,8 +72,9 @@ class ModelRunner:
             raise ConfigError(f"dtype {dtype!r} was not resolved to a torch dtype")
         device = torch.device(config.device)
         native_kernels = config.native_kernels and device.type == "cpu"
-        if native_kernels and dtype == torch.bfloat16:
-            kernels.preload()  # a first build happens now, not in the first request
+        if native_kernels and dtype in kernels.ACTIVATIONS:
+            # a first build happens now, not in the first request
+            kernels.preload(kernels.ACTIVATIONS[dtype])
         loaded = load_model(
             config.model_dir,
             dtype=dtype,
@@ -120,7 +121,8 @@ class ModelRunner:
             device=device,
         )
         self.num_kv_blocks = self.kv_cache.num_blocks
-        # Decode attention straight from the paged cache (bf16 on CPUs with AVX-512 BF16).
+        # Decode attention straight from the paged cache (bf16 or float32, on CPUs the kernels
+        # run on).
         # NOTE: sliding-window layers never reach it where a context is longer than their
         # window: their metadata views gather the window (layers/attention/metadata.py).
         self.uses_decode_kernel = (

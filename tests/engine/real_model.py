@@ -20,6 +20,16 @@ def bfloat16_runner(
     return _runner(model_dir, torch.bfloat16, kv_cache_mb, max_model_len, quantization)
 
 
+def native_dtype_runner(
+    model_dir: Path, *, kv_cache_mb: int, max_model_len: int, quantization: str = "none"
+):
+    """The real model in the dtype "auto" picks on this CPU (bf16 where bf16 arithmetic is
+    native, float32 elsewhere): the dtype the native kernels serve here."""
+    from inference.engine.config import resolve_auto_dtype
+
+    return _runner(model_dir, resolve_auto_dtype(), kv_cache_mb, max_model_len, quantization)
+
+
 def _runner(
     model_dir: Path,
     dtype: torch.dtype,

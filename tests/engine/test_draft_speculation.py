@@ -21,7 +21,7 @@ from tests.engine.fakes import (
     ScriptedRunner,
     reference_completion,
 )
-from tests.engine.real_model import SmallCache, bfloat16_runner, chat, float32_runner
+from tests.engine.real_model import SmallCache, chat, float32_runner, native_dtype_runner
 
 
 class VocabularyTokenizer(FakeTokenizer):
@@ -292,18 +292,19 @@ def test_real_preemption_with_a_draft_keeps_outputs_identical_and_frees_its_bloc
 @pytest.mark.slow
 @pytest.mark.skipif(
     native_kernels.load_kernel("decode_layers") is None,
-    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16 and VNNI, and a compiler",
+    reason="the fused decode needs a CPU with AVX2, AVX-512 or NEON, and a compiler",
 )
-def test_real_bf16_greedy_output_with_a_draft_is_identical_on_the_fused_path(
+def test_real_greedy_output_with_a_draft_is_identical_on_the_fused_path(
     chat_model_dir, real_tokenizer
 ):
-    # Verifications run as decodes of their tokens there (ModelRunner._runs_as_decodes), so
-    # bf16 needs no float32 to stay exact. NOTE: contexts stay under 8 blocks (82 + 24 tokens),
-    # where the decode attention kernel never splits a context: beyond that its partitions
-    # depend on the batch's size, in plain decoding too, and bf16 rounds them differently.
+    # In this CPU's dtype (bf16 where it is native). Verifications run as decodes of their
+    # tokens there (ModelRunner._runs_as_decodes), so bf16 needs no float32 to stay exact.
+    # NOTE: contexts stay under 8 blocks (82 + 24 tokens), where the decode attention kernel
+    # never splits a context: beyond that its partitions depend on the batch's size, in plain
+    # decoding too, and bf16 rounds them differently.
     # NOTE: int4 weights, which run fused on every CPU with the kernel (bf16 ones need AMX).
     target, draft = (
-        bfloat16_runner(
+        native_dtype_runner(
             chat_model_dir, kv_cache_mb=32, max_model_len=REAL_MAX_MODEL_LEN, quantization="int4"
         )
         for _ in range(2)
@@ -311,7 +312,7 @@ def test_real_bf16_greedy_output_with_a_draft_is_identical_on_the_fused_path(
     assert target.model.fused_decode is not None
     prompts = [chat(real_tokenizer, q) for q in QUESTIONS]
     params = SamplingParams(temperature=0, max_tokens=24)
-    settings = {"dtype": "bfloat16", "max_model_len": REAL_MAX_MODEL_LEN}
+    settings = {"dtype": target.dtype, "max_model_len": REAL_MAX_MODEL_LEN}
     plain = Engine(
         EngineConfig(chat_model_dir, **settings), runner=target, tokenizer=real_tokenizer
     )

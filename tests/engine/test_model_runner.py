@@ -9,10 +9,12 @@ import torch
 
 from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine import kernels as native_kernels
+from inference.engine.config import resolve_auto_dtype
 from inference.model_files import transformers_weights
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 256
+AUTO_DTYPE = resolve_auto_dtype()  # bf16 where it is native, float32 elsewhere
 NUM_NEW_TOKENS = 64
 QUESTIONS = [
     "What is the capital of France?",
@@ -230,10 +232,10 @@ def test_bfloat16_greedy_agreement_with_transformers_is_reported(chat_model_dir,
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    native_kernels.load_kernel("decode_layers") is None,
-    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16 and VNNI, and a compiler",
+    native_kernels.load_kernel("decode_layers", native_kernels.ACTIVATIONS[AUTO_DTYPE]) is None,
+    reason="the fused decode needs a CPU with AVX2, AVX-512 or NEON, and a compiler",
 )
-# NOTE: bf16 layers ("none") run fused only on the AMX matmul; int4 ones on the VNNI kernel.
+# NOTE: bf16 layers ("none") run fused only on the AMX matmul; int4 ones on the int4 kernel.
 @pytest.mark.parametrize(
     "quantization",
     ["int4", "none"] if native_kernels.load_kernel("linear_bf16") is not None else ["int4"],
@@ -264,18 +266,18 @@ def test_a_verification_on_the_fused_path_gives_exactly_the_logits_of_one_token_
 @pytest.mark.slow
 @pytest.mark.skipif(
     native_kernels.load_kernel("int4_linear") is None,
-    reason="the native int4 kernel needs an x86-64 CPU with AVX-512 VNNI and BF16, and a compiler",
+    reason="the native int4 kernel needs a CPU with AVX2, AVX-512 or NEON, and a compiler",
 )
 def test_a_draft_models_logits_come_from_an_int4_table_that_mostly_agrees(
     chat_model_dir, chat_prompts
 ):
     from inference.engine.layers.quantization import Int4Linear
 
-    plain = _runner(chat_model_dir, torch.bfloat16, quantization="int4")
+    plain = _runner(chat_model_dir, AUTO_DTYPE, quantization="int4")
     draft = ModelRunner(
         EngineConfig(
             chat_model_dir,
-            dtype=torch.bfloat16,
+            dtype=AUTO_DTYPE,
             quantization="int4",
             kv_cache_mb=64,
             block_size=BLOCK_SIZE,
@@ -294,9 +296,15 @@ def test_a_draft_models_logits_come_from_an_int4_table_that_mostly_agrees(
         same += int((picks[0] == picks[1]).sum())
         total += len(picks[0])
     assert same / total > 0.9
-    # float32 (no native int4 kernel) keeps the model's own table.
-    float32_draft = ModelRunner(
-        EngineConfig(chat_model_dir, dtype=torch.float32, kv_cache_mb=16, max_model_len=256),
+    # without the native kernels (nothing to serve int4 logits fast) it keeps its own table.
+    portable_draft = ModelRunner(
+        EngineConfig(
+            chat_model_dir,
+            dtype=AUTO_DTYPE,
+            kv_cache_mb=16,
+            max_model_len=256,
+            native_kernels=False,
+        ),
         is_draft=True,
     )
-    assert not isinstance(float32_draft.model.lm_head, Int4Linear)
+    assert not isinstance(portable_draft.model.lm_head, Int4Linear)

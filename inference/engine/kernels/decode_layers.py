@@ -7,11 +7,12 @@ step of which the kernels themselves were ~6. `FusedDecode` describes every laye
 and KV cache to the C code once, at load time; a step then makes one call for all the layers.
 The embedding lookup, the final norm and the logits stay in Python.
 
-It applies to bf16 models whose linear layers all run native kernels (AMX bf16 where the CPU
-has AMX, or int4 on the VNNI kernel: so int4 models on AVX-512 VNNI CPUs without AMX too) with
-a bf16 KV cache, and to steps made of single-token decodes only without
-a shared-prefix cascade; everything else (prefill, mixed steps, speculative verification, a
-cascade over a shared prefix, int8 weights or KV cache, float32) takes the module path.
+It applies to bf16 and float32 models whose linear layers all run native kernels (AMX bf16
+where the CPU has AMX, or the native int4 matmul: so int4 models on every CPU with the kernels'
+instruction sets) with a KV cache of the model's dtype, and to steps made of single-token
+decodes only without a shared-prefix cascade; everything else (prefill, mixed steps,
+speculative verification, a cascade over a shared prefix, int8 weights or KV cache) takes the
+module path.
 Results are the module path's bit for bit: the same kernels in the same order on the same
 inputs (tests/engine/kernels/test_decode_layers.py).
 """
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, cast
 import torch
 from torch import nn
 
-from inference.engine.kernels import load_function
+from inference.engine.kernels import KernelFunction
 from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
 from inference.engine.kv_cache import LayerKVCache
 from inference.engine.layers.attention import AttentionMetadata
@@ -84,18 +85,17 @@ class _Model(ctypes.Structure):
     ]
 
 
-def _kernel() -> Callable[..., int] | None:
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    return load_function(
-        "decode_layers",
-        "decode_layers_bf16",
-        [pointer] * 8 + [size, pointer, size, size, size, ctypes.c_int],
-    )
+_pointer, _size = ctypes.c_void_p, ctypes.c_int64
+_kernel = KernelFunction(
+    "decode_layers",
+    "decode_layers",
+    [_pointer] * 8 + [_size, _pointer, _size, _size, _size, ctypes.c_int],
+)
 
 
-def _describe_linear(layer: nn.Module) -> _Linear | None:
+def _describe_linear(layer: nn.Module, dtype: torch.dtype) -> _Linear | None:
     bias = getattr(layer, "bias", None)
-    if bias is not None and bias.dtype != torch.bfloat16:
+    if bias is not None and bias.dtype != dtype:
         return None
     bias_pointer = None if bias is None else bias.data_ptr()
     if isinstance(layer, AmxLinear):
@@ -126,16 +126,16 @@ def _describe_linear(layer: nn.Module) -> _Linear | None:
 
 
 def _describe_layer(
-    layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor
+    layer: DecoderLayer, k_cache: torch.Tensor, v_cache: torch.Tensor, dtype: torch.dtype
 ) -> _Layer | None:
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-    if any(w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms):
+    if any(w.dtype != dtype or not w.is_contiguous() for w in norms):
         return None
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         return None
     attention, mlp = layer.self_attn, layer.mlp
     linears = [
-        _describe_linear(linear)
+        _describe_linear(linear, dtype)
         for linear in (attention.qkv_proj, attention.o_proj, mlp.gate_up_proj, mlp.down_proj)
     ]
     if any(linear is None for linear in linears):
@@ -150,20 +150,21 @@ def is_supported(model: CausalLM, kv_caches: list[LayerKVCache], block_size: int
 
     The C code runs the plain Llama layer: no per-head q/k norms (Qwen3), no sliding windows,
     and no other architecture (Gemma's norms and GeGLU). The attention inside is
-    paged_decode_attention's, so its shapes apply; the norms and the KV cache must be bf16,
-    every linear layer must run a native kernel (AMX bf16 or int4 VNNI; AMX layers only exist
-    where the CPU has AMX, and the library links the AMX matmul there), and the kernel must be
-    built for this machine.
+    paged_decode_attention's, so its shapes apply; the norms and the KV cache must be of the
+    model's dtype (bf16, or float32 on CPUs without native bf16), every linear layer must run a
+    native kernel (AMX bf16 or native int4; AMX layers only exist where the CPU has AMX, and the
+    library links the AMX matmul there), and the kernel must be built for this machine.
     """
     if not isinstance(model, LlamaForCausalLM):
         return False
     args = model.args
+    dtype = _model_dtype(model)
     return (
         not args.qk_norm
         and not args.distinct_sliding_windows
         and args.num_heads % args.num_kv_heads == 0
         and paged_decode_kernel.is_supported(
-            torch.bfloat16,
+            dtype,
             torch.device("cpu"),
             args.num_heads,
             args.num_kv_heads,
@@ -172,16 +173,22 @@ def is_supported(model: CausalLM, kv_caches: list[LayerKVCache], block_size: int
         )
         and args.hidden_size % 16 == 0
         and args.intermediate_size % 16 == 0
-        and all(len(cache) == 2 and cache[0].dtype == torch.bfloat16 for cache in kv_caches)
+        and all(len(cache) == 2 and cache[0].dtype == dtype for cache in kv_caches)
         and _describe_layers(model, kv_caches) is not None
-        and _kernel() is not None
+        and _kernel(dtype) is not None
     )
+
+
+def _model_dtype(model: LlamaForCausalLM) -> torch.dtype:
+    """The dtype of the model's activations: its norms' weights'."""
+    return cast("DecoderLayer", model.layers[0]).input_layernorm.weight.dtype
 
 
 def _describe_layers(model: LlamaForCausalLM, kv_caches: list[LayerKVCache]) -> list[_Layer] | None:
     layers = []
+    dtype = _model_dtype(model)
     for layer, (k_cache, v_cache) in zip(model.layers, kv_caches, strict=True):
-        described = _describe_layer(cast("DecoderLayer", layer), k_cache, v_cache)
+        described = _describe_layer(cast("DecoderLayer", layer), k_cache, v_cache, dtype)
         if described is None:
             return None
         layers.append(described)
@@ -230,7 +237,7 @@ class FusedDecode:
         ):
             return None
         layers = _describe_layers(model, kv_caches)
-        kernel = _kernel()
+        kernel = _kernel(_model_dtype(model))
         if layers is None or kernel is None:
             return None
         logger.info("decode steps: all %d layers in one native call", model.args.num_layers)

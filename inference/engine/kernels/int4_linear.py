@@ -1,7 +1,7 @@
-"""The native int4 matmul (`csrc/int4_linear.c`, AVX-512 VNNI), its weight format and layout.
+"""The native int4 matmul (`csrc/int4_linear.c`), its weight format and layout.
 
-`quantization.Int4Linear` uses this format when the kernel can run (a CPU with `avx512_vnni`
-and `avx512_bf16`, a bf16 model) and PyTorch's int4 CPU format otherwise.
+`quantization.Int4Linear` uses this format when the kernel can run (a CPU with one of the
+kernels' instruction sets, a bf16 or float32 model) and PyTorch's int4 CPU format otherwise.
 
 Format: per group of `group_size` input columns and output row, a bf16 scale s and a uint8
 zero point z in sixteenths of s: w = s (q - z / 16) for codes q in [0, 15]. PyTorch's format
@@ -18,19 +18,17 @@ Layout: codes by tiles of 64 output rows, each [K/8][64][4] bytes; byte b of row
 holds column 8j + b in its low nibble and column 8j + 4 + b in its high nibble.
 
 Numerics: activations are quantized per token to two int8 codes per value in blocks of 32
-(see the kernel), the sums are float32, the output bf16; results match the dequantized weights
-to bf16 rounding (tests/engine/kernels/test_int4_linear.py).
+(see the kernel), the sums are float32, the output of the activations' dtype; results match the
+dequantized weights to bf16 rounding (tests/engine/kernels/test_int4_linear.py).
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
-from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function, require
+from inference.engine.kernels import KernelFunction, require
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -41,12 +39,9 @@ BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
 MAX_TOKENS = 128
 
 
-@functools.cache
-def _matmul() -> Callable[..., int] | None:
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    return load_function(
-        "int4_linear", "int4_linear_vnni", [pointer] * 5 + [size] * 5 + [ctypes.c_int]
-    )
+_matmul = KernelFunction(
+    "int4_linear", "int4_linear", [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+)
 
 
 def is_supported(
@@ -56,13 +51,12 @@ def is_supported(
     device: torch.device | str = "cpu",
 ) -> bool:
     """Whether the kernel can serve an int4 weight of `in_features` columns in groups of
-    `group_size`, for a `dtype` model on `device` (bf16 on a CPU with AVX-512 VNNI and BF16)."""
+    `group_size`, for a `dtype` model on `device` (bf16 or float32, on a CPU the kernels run on)."""
     return (
-        dtype == torch.bfloat16
-        and torch.device(device).type == "cpu"
+        torch.device(device).type == "cpu"
         and in_features % BLOCK == 0
         and group_size % BLOCK == 0
-        and _matmul() is not None
+        and _matmul(dtype) is not None
     )
 
 
@@ -140,7 +134,7 @@ def _split_nibbles(steps: torch.Tensor) -> torch.Tensor:
 
 
 class Int4VnniMatmul:
-    """x [M, K] bf16 (contiguous) times a packed int4 weight -> [M, out_features] bf16.
+    """x [M, K] (contiguous, of `dtype`) times a packed int4 weight -> [M, out_features].
 
     The kernel and the weight's pointers are resolved once: a decode step makes ~120 of these
     calls, and per-call lookups were a measurable share of their Python cost.
@@ -153,6 +147,7 @@ class Int4VnniMatmul:
         zero_points: torch.Tensor,
         group_size: int,
         out_features: int,
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         self.codes = codes  # keep the pointers below alive
         self.scales = scales
@@ -162,16 +157,17 @@ class Int4VnniMatmul:
         self.in_features = codes.shape[1] * 2
         self._arguments = (codes.data_ptr(), scales.data_ptr(), zero_points.data_ptr())
         self._padded_rows = codes.shape[0]
-        self._matmul = require(_matmul(), "int4_linear")
+        self.dtype = dtype
+        self._matmul = require(_matmul(dtype), "int4_linear")
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         num_tokens, in_features = x.shape
-        if in_features != self.in_features:
+        if in_features != self.in_features or x.dtype != self.dtype:
             raise ValueError(
-                f"input of {in_features} features for an int4 [{self.out_features}, "
-                f"{self.in_features}] weight"
+                f"input of {in_features} features in {x.dtype} for an int4 [{self.out_features}, "
+                f"{self.in_features}] weight serving {self.dtype}"
             )
-        out = torch.empty(num_tokens, self.out_features, dtype=torch.bfloat16)
+        out = torch.empty(num_tokens, self.out_features, dtype=self.dtype)
         status = self._matmul(
             x.data_ptr(),
             *self._arguments,

@@ -1,27 +1,26 @@
-"""Decode attention read straight from the paged bf16 KV cache by a native kernel (CPU).
+"""Decode attention read straight from the paged KV cache by a native kernel (CPU).
 
 The PyTorch path (layers/attention/paged.py) gathers every decode's blocks into a contiguous
 copy and then runs SDPA over it: the context is read, written and read again in every layer. The
-kernel (`csrc/paged_decode_attention.c`, AVX-512 BF16) reads each key/value row once, for all
+kernel (`csrc/paged_decode_attention.c`) reads each key/value row once, for all
 the query heads that share it. Measured on the 2-core Sapphire Rapids box, one layer, bf16:
 1 decode at 1,264 tokens 117 -> 54 us; 28 decodes at 900 tokens 2.2 -> 1.2 ms (with the
 context in cache; streamed from memory, as in a model's step, 28 decodes at 920 tokens took
 2.2 ms before the kernel prefetched each next tile's keys and values, 1.5 ms after).
 
-Results agree with PyTorch's flash attention to bf16 rounding (the probabilities are rounded
-to bf16 for the value sum, as that kernel does), not bitwise; float32 models never use it.
+Results agree with PyTorch's flash attention to the cache dtype's rounding (bf16 caches: the
+probabilities are rounded to bf16 for the value sum, as that kernel does), not bitwise. bf16 and
+float32 caches (the float32 models of CPUs without native bf16) are served.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import math
-from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function, require
+from inference.engine.kernels import KernelFunction, require
 
 # Enough work items per thread to even out partitions of unequal length.
 ITEMS_PER_THREAD = 8
@@ -51,9 +50,7 @@ _ARGTYPES = [
 ]
 
 
-@functools.cache
-def _kernel() -> Callable[..., int] | None:
-    return load_function("paged_decode_attention", "paged_decode_attention_bf16", _ARGTYPES)
+_kernel = KernelFunction("paged_decode_attention", "paged_decode_attention", _ARGTYPES)
 
 
 def is_supported(
@@ -67,13 +64,12 @@ def is_supported(
     """Whether the kernel can serve attention of this shape (and is built for this machine)."""
     group = num_heads // num_kv_heads
     return (
-        dtype == torch.bfloat16
-        and device.type == "cpu"
+        device.type == "cpu"
         and 1 <= group <= MAX_GROUP
         and head_dim % 32 == 0
         and head_dim <= MAX_HEAD_DIM
         and block_size % 16 == 0
-        and _kernel() is not None
+        and _kernel(dtype) is not None
     )
 
 
@@ -100,17 +96,20 @@ def paged_decode_attention(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Attention of one query token per sequence over its cached context.
 
-    grouped_q [num_seqs, num_kv_heads, group, head_dim] bf16 (query heads grouped by the KV head
-    they use); caches [num_blocks, num_kv_heads, block_size, head_dim] bf16; block_table
+    grouped_q [num_seqs, num_kv_heads, group, head_dim] (query heads grouped by the KV head
+    they use); caches [num_blocks, num_kv_heads, block_size, head_dim], of q's dtype (bf16 or
+    float32); block_table
     [num_seqs, >= blocks needed] int32; context_lens [num_seqs] int32, each >= 1.
     Returns float32 [num_seqs, num_kv_heads, group, head_dim] and, with `with_lse`, the
     log-sum-exp of the scaled scores [num_seqs, num_kv_heads, group] (for cascade merging).
     """
-    kernel = require(_kernel(), "paged_decode_attention")
+    kernel = require(_kernel(k_cache.dtype), "paged_decode_attention")
     num_seqs, num_kv_heads, group, head_dim = grouped_q.shape
     block_size = k_cache.shape[2]
     if not (grouped_q.is_contiguous() and k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the kernel needs contiguous q and caches")
+    if grouped_q.dtype != k_cache.dtype or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"q {grouped_q.dtype} and caches {k_cache.dtype} must share a dtype")
     if block_table.dtype != torch.int32 or context_lens.dtype != torch.int32:
         raise ValueError("block_table and context_lens must be int32")
     block_table = block_table.contiguous()

@@ -11,30 +11,25 @@ the PyTorch ops (models/llama.py, layers/attention/paged.py).
 from __future__ import annotations
 
 import ctypes
-import functools
-from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function, require
+from inference.engine.kernels import KernelFunction, require
 
-
-@functools.cache
-def _kernel() -> Callable[..., int] | None:
-    # qkv, cos, sin, k_cache, v_cache, write_index, q_out, k_out; tokens, num_heads,
-    # num_kv_heads, head_dim; num_threads
-    argtypes = [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-    return load_function("rotary_store", "rotary_store_bf16", argtypes)
+# qkv, cos, sin, k_cache, v_cache, write_index, q_out, k_out; tokens, num_heads, num_kv_heads,
+# head_dim; num_threads
+_kernel = KernelFunction(
+    "rotary_store", "rotary_store", [ctypes.c_void_p] * 8 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+)
 
 
 def is_supported(qkv: torch.Tensor, k_cache: torch.Tensor, head_dim: int) -> bool:
-    """Whether `rotate_and_store` can serve this layer's projections and (bf16) cache."""
+    """Whether `rotate_and_store` can serve this layer's projections and cache (one dtype)."""
     return (
-        qkv.dtype == torch.bfloat16
-        and k_cache.dtype == torch.bfloat16
+        k_cache.dtype == qkv.dtype
         and qkv.device.type == "cpu"
         and head_dim % 32 == 0
-        and _kernel() is not None
+        and _kernel(qkv.dtype) is not None
     )
 
 
@@ -58,7 +53,7 @@ def rotate_and_store(
         raise ValueError("the KV caches must be contiguous")
     q = qkv.new_empty(num_tokens, num_heads, head_dim)
     k = qkv.new_empty(num_tokens, num_kv_heads, head_dim)
-    status = require(_kernel(), "rotary_store")(
+    status = require(_kernel(qkv.dtype), "rotary_store")(
         qkv.data_ptr(),
         cos.data_ptr(),
         sin.data_ptr(),

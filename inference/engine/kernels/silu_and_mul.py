@@ -11,38 +11,33 @@ equal on the test data (800,000 values, and saturating gates).
 from __future__ import annotations
 
 import ctypes
-import functools
-from collections.abc import Callable
 
 import torch
 
-from inference.engine.kernels import load_function, require
+from inference.engine.kernels import KernelFunction, require
 
-
-@functools.cache
-def _kernel() -> Callable[..., int] | None:
-    pointer, size = ctypes.c_void_p, ctypes.c_int64
-    return load_function(
-        "silu_and_mul", "silu_and_mul_bf16", [pointer, pointer, size, size, ctypes.c_int]
-    )
+_pointer, _size = ctypes.c_void_p, ctypes.c_int64
+_kernel = KernelFunction(
+    "silu_and_mul", "silu_and_mul", [_pointer, _pointer, _size, _size, ctypes.c_int]
+)
 
 
 def is_supported(gate_up: torch.Tensor) -> bool:
     """Whether `silu_and_mul` can run natively on this [..., 2 * width] tensor."""
     return (
-        gate_up.dtype == torch.bfloat16
-        and gate_up.device.type == "cpu"
+        gate_up.device.type == "cpu"
         and gate_up.shape[-1] % 32 == 0
-        and _kernel() is not None
+        and _kernel(gate_up.dtype) is not None
     )
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up for gate_up [..., 2 * width] = (gate | up): [..., width] bf16."""
+    """silu(gate) * up for gate_up [..., 2 * width] = (gate | up): [..., width], bf16 or
+    float32."""
     gate_up = gate_up.contiguous()
     width = gate_up.shape[-1] // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], width)
-    status = require(_kernel(), "silu_and_mul")(
+    status = require(_kernel(gate_up.dtype), "silu_and_mul")(
         gate_up.data_ptr(), out.data_ptr(), gate_up.numel() // (2 * width), width,
         torch.get_num_threads(),
     )  # fmt: skip

@@ -326,6 +326,7 @@ class Int4Linear(QuantizedLinear):
         self.is_native = native_kernels and native_int4.is_supported(
             self.in_features, group_size, dtype, device
         )
+        self.dtype = dtype
         self.register_buffer("bias", bias)
         self._native_matmul: Int4VnniMatmul | None = None
 
@@ -345,7 +346,7 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("zero_points", zero_points)  # [num_groups, padded_rows] uint8
         self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
         self._native_matmul = Int4VnniMatmul(
-            self.weight_int4, scales, zero_points, self.group_size, self.out_features
+            self.weight_int4, scales, zero_points, self.group_size, self.out_features, self.dtype
         )
 
     def _store_torch(self, codes: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor) -> None:
@@ -362,7 +363,7 @@ class Int4Linear(QuantizedLinear):
             self._native_matmul is not None
             and x.dim() == 2
             and x.shape[0] <= self.max_kernel_tokens
-            and x.dtype == torch.bfloat16
+            and x.dtype == self.dtype
             and x.is_contiguous()
             and x.device.type == "cpu"
         ):
@@ -372,7 +373,7 @@ class Int4Linear(QuantizedLinear):
 
     def can_use_kernel(self, x: torch.Tensor) -> bool:
         if self.is_native:
-            return x.device.type == "cpu" and x.dtype == torch.bfloat16
+            return x.device.type == "cpu" and x.dtype == self.dtype
         return super().can_use_kernel(x) and _torch_int4_layout_matches()
 
     def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """All decoder layers of a decode step in one native call, against the layer-by-layer path on
-the real model (SmolLM2-135M in bf16 and int4)."""
+the real model (SmolLM2-135M in int4, and bf16 weights with AMX), in this CPU's dtype (bf16
+where it is native, float32 elsewhere)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ import torch
 
 from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine import kernels as native_kernels
+from inference.engine.config import resolve_auto_dtype
 from inference.engine.layers.attention import CASCADE_MIN_SHARED_TOKENS, build_attention_metadata
-from tests.engine.real_model import float32_runner
 
+DTYPE = resolve_auto_dtype()
 pytestmark = pytest.mark.skipif(
-    native_kernels.load_kernel("decode_layers") is None,
-    reason="the fused decode needs an x86-64 CPU with AVX-512 BF16 and VNNI, and a compiler",
+    native_kernels.load_kernel("decode_layers", native_kernels.ACTIVATIONS[DTYPE]) is None,
+    reason="the fused decode needs a CPU with AVX2, AVX-512 or NEON, and a compiler",
 )
-# NOTE: bf16 layers run fused only on the AMX matmul; int4 ones on the VNNI kernel everywhere.
+# NOTE: bf16 layers run fused only on the AMX matmul; int4 ones on the int4 kernel everywhere.
 HAS_AMX = native_kernels.load_kernel("linear_bf16") is not None
 FUSED_QUANTIZATION = "none" if HAS_AMX else "int4"  # what a tiny model runs fused in
 
@@ -28,8 +30,8 @@ BLOCKS_PER_SEQ = 40  # 640 tokens
 def runner(model_dir, quantization: str, **options) -> ModelRunner:
     config = EngineConfig(
         model_dir,
-        dtype=torch.bfloat16,
-        kv_cache_mb=64,
+        dtype=DTYPE,
+        kv_cache_mb=32 * DTYPE.itemsize,  # 128 blocks of 16 tokens in bf16 and in float32
         block_size=16,
         max_model_len=1024,
         quantization=quantization,
@@ -119,10 +121,16 @@ def test_without_amx_a_bf16_model_keeps_the_layer_by_layer_path(chat_model_dir):
     assert runner(chat_model_dir, "none").model.fused_decode is None
 
 
-def test_int8_weights_and_float32_models_keep_the_layer_by_layer_path(chat_model_dir):
+def test_int8_weights_keep_the_layer_by_layer_path(chat_model_dir):
     assert runner(chat_model_dir, "int8").model.fused_decode is None
-    float32 = float32_runner(chat_model_dir, kv_cache_mb=16, max_model_len=256)
-    assert float32.model.fused_decode is None
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int4_models_run_fused_in_bf16_and_in_float32(chat_model_dir, dtype):
+    config = EngineConfig(
+        chat_model_dir, dtype=dtype, kv_cache_mb=16, max_model_len=256, quantization="int4"
+    )
+    assert ModelRunner(config).model.fused_decode is not None
 
 
 def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_runner):
@@ -175,10 +183,10 @@ def test_a_dropped_runner_frees_its_model_without_waiting_for_the_garbage_collec
         gc.enable()
 
 
-def tiny_bf16_runner(directory) -> ModelRunner:
+def tiny_runner(directory) -> ModelRunner:
     config = EngineConfig(
         directory,
-        dtype=torch.bfloat16,
+        dtype=DTYPE,
         quantization=FUSED_QUANTIZATION,
         kv_cache_mb=4,
         block_size=16,
@@ -189,9 +197,9 @@ def tiny_bf16_runner(directory) -> ModelRunner:
 
 @pytest.mark.parametrize("kind", ["qwen3", "gemma3"])
 def test_q_k_norms_and_gemma_layers_keep_the_layer_by_layer_path(tiny_model_dir, kind):
-    plain = tiny_bf16_runner(tiny_model_dir("llama"))  # the same shapes, fused
+    plain = tiny_runner(tiny_model_dir("llama"))  # the same shapes, fused
     assert plain.model.fused_decode is not None
-    subject = tiny_bf16_runner(tiny_model_dir(kind))
+    subject = tiny_runner(tiny_model_dir(kind))
     assert subject.uses_decode_kernel  # so only the layers' features rule the fused path out
     assert subject.model.fused_decode is None
 
@@ -199,7 +207,7 @@ def test_q_k_norms_and_gemma_layers_keep_the_layer_by_layer_path(tiny_model_dir,
 def test_sliding_window_layers_keep_the_layer_by_layer_path(tiny_model_dir):
     from inference.engine.kernels import decode_layers
 
-    model_runner = tiny_bf16_runner(tiny_model_dir("llama"))
+    model_runner = tiny_runner(tiny_model_dir("llama"))
     model, caches = model_runner.model, model_runner.kv_cache.layers
     assert decode_layers.is_supported(model, caches, 16)
     model.args.sliding_windows = (None, 64)

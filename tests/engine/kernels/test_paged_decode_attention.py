@@ -1,4 +1,5 @@
-"""The native paged decode-attention kernel against a float64 reference and the PyTorch path."""
+"""The native paged decode-attention kernel against a float64 reference and the PyTorch path,
+bf16 and float32 caches, at every instruction set level the CPU has."""
 
 from __future__ import annotations
 
@@ -11,16 +12,21 @@ import torch
 from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
 from inference.engine.layers.attention import build_attention_metadata, paged_attention
 from inference.engine.model_runner import BatchEntry
-from tests.engine.real_model import bfloat16_runner
+from tests.engine.real_model import native_dtype_runner
 
 pytestmark = pytest.mark.skipif(
     not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 1, 1, 64, 16),
-    reason="the native kernel needs an x86-64 CPU with AVX-512 BF16 and a C compiler",
+    reason="the native kernel needs a CPU with AVX2, AVX-512 or NEON and a C compiler",
 )
 
 # bf16 inputs; the kernel rounds the probabilities to bf16 before the value sum (as PyTorch's
-# flash kernel does), so results are ~1e-3 from an exact softmax.
+# flash kernel does), so results are ~1e-3 from an exact softmax. float32: ~1e-6.
 TOLERANCE = 4e-3
+FLOAT32_TOLERANCE = 2e-5
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    return TOLERANCE if dtype == torch.bfloat16 else FLOAT32_TOLERANCE
 
 
 def close_in_bf16(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -28,11 +34,18 @@ def close_in_bf16(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.allclose(a.float(), b.float(), atol=TOLERANCE, rtol=2**-6)
 
 
-def random_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, seed: int):
+def random_cache(
+    num_blocks: int,
+    num_kv_heads: int,
+    block_size: int,
+    head_dim: int,
+    seed: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(seed)
     shape = (num_blocks, num_kv_heads, block_size, head_dim)
-    keys = torch.randn(shape, generator=generator).to(torch.bfloat16)
-    values = torch.randn(shape, generator=generator).to(torch.bfloat16)
+    keys = torch.randn(shape, generator=generator).to(dtype)
+    values = torch.randn(shape, generator=generator).to(dtype)
     return keys, values
 
 
@@ -72,9 +85,13 @@ def paged_decode_attention_call(grouped_q, k_cache, v_cache, table, context_lens
     ("group", "head_dim", "block_size"),
     [(1, 64, 16), (3, 64, 16), (4, 128, 16), (8, 64, 32), (5, 96, 16), (16, 32, 16)],
 )
-def test_kernel_matches_exact_softmax_attention_for_each_shape(group, head_dim, block_size):
+def test_kernel_matches_exact_softmax_attention_for_each_shape(
+    group, head_dim, block_size, isa_level, dtype
+):
     num_kv_heads, num_blocks = 2, 64
-    k_cache, v_cache = random_cache(num_blocks, num_kv_heads, block_size, head_dim, seed=group)
+    k_cache, v_cache = random_cache(
+        num_blocks, num_kv_heads, block_size, head_dim, seed=group, dtype=dtype
+    )
     # 1 token, a partial first tile, exactly one block, one past a block, a long context
     context_lens = [1, 7, block_size, block_size + 1, 20 * block_size - 3]
     generator = torch.Generator().manual_seed(head_dim)
@@ -85,19 +102,19 @@ def test_kernel_matches_exact_softmax_attention_for_each_shape(group, head_dim, 
         tables.append(order[start : start + count])
         start += count
     q = torch.randn(len(context_lens), num_kv_heads, group, head_dim, generator=generator)
-    q = q.to(torch.bfloat16)
+    q = q.to(dtype)
     out, lse = run_kernel(q, k_cache, v_cache, tables, context_lens, head_dim**-0.5)
     expected, expected_lse = reference(q, k_cache, v_cache, tables, context_lens, head_dim**-0.5)
     assert out.dtype == torch.float32
-    assert torch.allclose(out.double(), expected, atol=TOLERANCE, rtol=0)
+    assert torch.allclose(out.double(), expected, atol=tolerance(dtype), rtol=0)
     assert torch.allclose(lse.double(), expected_lse, atol=1e-4, rtol=0)
 
 
-def test_a_single_long_sequence_is_split_into_partitions_that_merge_exactly():
+def test_a_single_long_sequence_is_split_into_partitions_that_merge_exactly(isa_level, dtype):
     # One sequence and one KV head: the context is split across threads (flash-decoding).
-    k_cache, v_cache = random_cache(128, 1, 16, 64, seed=7)
+    k_cache, v_cache = random_cache(128, 1, 16, 64, seed=7, dtype=dtype)
     table = [list(range(127, 0, -1))]
-    q = torch.randn(1, 1, 3, 64, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
+    q = torch.randn(1, 1, 3, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
     previous = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
@@ -105,23 +122,23 @@ def test_a_single_long_sequence_is_split_into_partitions_that_merge_exactly():
     finally:
         torch.set_num_threads(previous)
     expected, expected_lse = reference(q, k_cache, v_cache, table, [2000], 0.125)
-    assert torch.allclose(out.double(), expected, atol=TOLERANCE, rtol=0)
+    assert torch.allclose(out.double(), expected, atol=tolerance(dtype), rtol=0)
     assert torch.allclose(lse.double(), expected_lse, atol=1e-4, rtol=0)
 
 
-def test_rows_past_the_context_are_never_read_even_when_they_hold_nan():
-    k_cache, v_cache = random_cache(4, 1, 16, 64, seed=1)
+def test_rows_past_the_context_are_never_read_even_when_they_hold_nan(isa_level, dtype):
+    k_cache, v_cache = random_cache(4, 1, 16, 64, seed=1, dtype=dtype)
     k_cache[0, :, 5:] = float("nan")
     v_cache[0, :, 5:] = float("nan")
-    q = torch.randn(1, 1, 2, 64, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    q = torch.randn(1, 1, 2, 64, generator=torch.Generator().manual_seed(2)).to(dtype)
     out, _ = run_kernel(q, k_cache, v_cache, [[0]], [5], 0.125)
     expected, _ = reference(q, k_cache, v_cache, [[0]], [5], 0.125)
     assert not out.isnan().any()
-    assert torch.allclose(out.double(), expected, atol=TOLERANCE, rtol=0)
+    assert torch.allclose(out.double(), expected, atol=tolerance(dtype), rtol=0)
 
 
 def test_shapes_the_kernel_does_not_support_are_refused():
-    assert not paged_decode_kernel.is_supported(torch.float32, torch.device("cpu"), 9, 3, 64, 16)
+    assert not paged_decode_kernel.is_supported(torch.float16, torch.device("cpu"), 9, 3, 64, 16)
     assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 9, 3, 48, 16)
     assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 9, 3, 64, 8)
     assert not paged_decode_kernel.is_supported(torch.bfloat16, torch.device("cpu"), 34, 2, 64, 16)
@@ -134,6 +151,8 @@ def test_shapes_the_kernel_does_not_support_are_refused():
         paged_decode_kernel.paged_decode_attention(
             q, k_cache, v_cache, torch.zeros(1, 1, dtype=torch.int64), torch.ones(1), 0.1
         )
+    with pytest.raises(ValueError, match="must share a dtype"):
+        run_kernel(q.float(), k_cache, v_cache, [[0]], [3], 0.1)
 
 
 # --- through paged_attention: the engine's layout, cascade and mixed batches ----------------
@@ -196,9 +215,10 @@ def test_real_model_decoding_through_the_kernel_is_as_accurate_as_the_gather_pat
     chat_model_dir, real_tokenizer
 ):
     # Teacher-forced decoding of English text, 4 sequences sharing a 256-token prefix (so the
-    # cascade runs too): the kernel's next-token perplexity must equal the PyTorch path's to
-    # bf16 noise, and its top-1 predictions must agree. Measured: perplexity 10.372 (kernel)
-    # vs 10.373 (gather + SDPA) vs 10.342 (float32); top-1 agreement 97.7%.
+    # cascade runs too), in this CPU's dtype: the kernel's next-token perplexity must equal the
+    # PyTorch path's to bf16 noise, and its top-1 predictions must agree. Measured in bf16:
+    # perplexity 10.372 (kernel) vs 10.373 (gather + SDPA) vs 10.342 (float32); top-1
+    # agreement 97.7%.
     text = (Path(__file__).parents[2] / "data" / "squad_passages.txt").read_text()
     token_ids = real_tokenizer(text)["input_ids"]
     shared, own, steps, num_seqs, block_size = 256, 128, 64, 4, 16
@@ -212,7 +232,7 @@ def test_real_model_decoding_through_the_kernel_is_as_accurate_as_the_gather_pat
         + list(range(100 + i * blocks_per_seq, 100 + (i + 1) * blocks_per_seq))
         for i in range(num_seqs)
     ]
-    runner = bfloat16_runner(chat_model_dir, kv_cache_mb=128, max_model_len=1024)
+    runner = native_dtype_runner(chat_model_dir, kv_cache_mb=128, max_model_len=1024)
     assert runner.block_size == block_size
     assert runner.uses_decode_kernel
 

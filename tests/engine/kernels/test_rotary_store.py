@@ -1,4 +1,5 @@
-"""Native rotary embedding + KV-cache write against the PyTorch ops (bitwise, bf16)."""
+"""Native rotary embedding + KV-cache write against the PyTorch ops (bitwise, bf16 and float32,
+at every instruction set level the CPU has)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ needs_kernel = pytest.mark.skipif(
     not native_rotary.is_supported(
         torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1, dtype=torch.bfloat16), 64
     ),
-    reason="the native kernel needs an x86-64 CPU with AVX-512 BF16 and a C compiler",
+    reason="the native kernel needs a CPU with AVX2, AVX-512 or NEON and a C compiler",
 )
 
 
@@ -22,24 +23,22 @@ needs_kernel = pytest.mark.skipif(
 @pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 128)])
 @pytest.mark.parametrize("query_lens", [[1], [1, 1, 1], [40], [1, 1, 37]])
 def test_rotation_and_cache_write_are_bitwise_the_pytorch_ops(
-    num_heads, num_kv_heads, head_dim, query_lens
+    num_heads, num_kv_heads, head_dim, query_lens, isa_level, dtype
 ):
     generator = torch.Generator().manual_seed(len(query_lens))
     num_tokens = sum(query_lens)
     width = (num_heads + 2 * num_kv_heads) * head_dim
-    qkv = (torch.randn(num_tokens, width, generator=generator) * 2).to(torch.bfloat16)
+    qkv = (torch.randn(num_tokens, width, generator=generator) * 2).to(dtype)
     computed = [5 + 20 * i for i in range(len(query_lens))]
     tables = [list(range(8 * i, 8 * i + 8)) for i in range(len(query_lens))]
     metadata = build_attention_metadata(
         query_lens, computed, tables, block_size=16, num_kv_heads=num_kv_heads
     )
-    cos, sin = RotaryEmbedding(RopeArgs(theta=10000.0), head_dim)(
-        metadata.positions, torch.bfloat16
-    )
+    cos, sin = RotaryEmbedding(RopeArgs(theta=10000.0), head_dim)(metadata.positions, dtype)
     shape = (8 * len(query_lens), num_kv_heads, 16, head_dim)
     k_cache, v_cache = (
-        torch.zeros(shape, dtype=torch.bfloat16),
-        torch.zeros(shape, dtype=torch.bfloat16),
+        torch.zeros(shape, dtype=dtype),
+        torch.zeros(shape, dtype=dtype),
     )
     q, k = native_rotary.rotate_and_store(
         qkv, cos, sin, k_cache, v_cache, metadata.write_index, num_heads, num_kv_heads, head_dim
@@ -60,7 +59,9 @@ def test_rotation_and_cache_write_are_bitwise_the_pytorch_ops(
 
 def test_other_dtypes_and_head_sizes_are_left_to_pytorch():
     bf16, fp32 = torch.zeros(1, dtype=torch.bfloat16), torch.zeros(1)
-    assert not native_rotary.is_supported(fp32, fp32, 64)
+    fp16 = torch.zeros(1, dtype=torch.float16)
+    assert not native_rotary.is_supported(fp16, fp16, 64)
+    assert not native_rotary.is_supported(fp32, bf16, 64)
     assert not native_rotary.is_supported(bf16, torch.zeros(1, dtype=torch.int8), 64)
     assert not native_rotary.is_supported(bf16, bf16, 48)
 

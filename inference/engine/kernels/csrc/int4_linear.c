@@ -1,31 +1,31 @@
 /*
- * y = x W^T for bf16 x and group-wise int4 weights, with AVX-512 VNNI integer dot products.
+ * y = x W^T for activations x (bf16 or float32) and group-wise int4 weights, with integer dot
+ * products (AVX-512 VNNI's vpdpbusd, or their exact equivalents on other levels: simd.h).
  *
  * Weights: codes q in [0, 15] with, per group of `group_size` input columns and output row, a
  * bf16 scale s and a uint8 zero point z in sixteenths of s: w = s (q - z / 16) (the format of
  * int4_linear.py). The codes are packed by tiles of 64 output rows as [K/8][64][4]
  * bytes: the 4 bytes of row r at step j hold columns 8j..8j+3 in their low nibbles and
  * 8j+4..8j+7 in their high nibbles, so one 64-byte load gives 16 rows x 8 columns, ready for
- * vpdpbusd. Scales and zero points are [K/group_size][N] arrays.
+ * vi_dot4_add (AVX2 takes it as two 32-byte halves of 8 rows, NEON as four of 4). Scales and zero points are [K/group_size][N] arrays.
  *
  * Activations are quantized per token to int8 in blocks of 32 columns (absmax scales, as
  * llama.cpp's Q8 blocks, plus a second code for the rounding error: see quantize_activations),
- * so the inner loop is u8 x s8 -> int32 dot products (vpdpbusd) and float work happens once per
+ * so the inner loop is u8 x s8 -> int32 dot products and float work happens once per
  * 32 columns:
  *   y_r = sum_blocks s_r (x_scale_hi dot(q_r, x_hi) + x_scale_lo dot(q_r, x_lo))
  *       - sum_groups s_r z_r / 16 sum(x)
- * where sum(x) is the exact float sum of the bf16 activations of the group.
+ * where sum(x) is the float sum of the activations of the group.
  *
  * Why: a decode step streams every weight once, and PyTorch's int4 kernel reads ~11 GB/s here
  * against ~27 GB/s that two cores can read. Tiles are handed out dynamically to the OpenMP
  * threads (as linear_bf16.c) so a core busy elsewhere does not stall the layer.
  */
-#include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "bf16.h"
 #include "kernels.h"
+#include "simd.h"
 
 #define TILE_ROWS 64  /* output rows per tile (4 vectors of 16) */
 #define ROW_VECTORS 4
@@ -39,27 +39,23 @@
  * small values of a block that holds one of the model's outlier activations (measured on
  * SmolLM2-135M: perplexity +1.6% instead of +0.4%, half as many greedy answers identical to the
  * dequantized path's); with the second the error is ~absmax / 64,000, below bf16's own rounding
- * for all but the smallest values, for two more vpdpbusd per 64 bytes of weights.
+ * for all but the smallest values, for two more dot products per 64 bytes of weights.
  */
-static void quantize_activations(const uint16_t *x, int64_t k, int8_t *codes, float *scales,
+static void quantize_activations(const act_t *x, int64_t k, int8_t *codes, float *scales,
                                  float *sums) {
-    const __m512 sign_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
     for (int64_t block = 0; block < k / BLOCK; ++block) {
-        __m512 rest[2] = {load_bf16x16(x + block * BLOCK), load_bf16x16(x + block * BLOCK + 16)};
-        sums[block] = _mm512_reduce_add_ps(_mm512_add_ps(rest[0], rest[1]));
+        vf rest[2] = {load_act(x + block * BLOCK), load_act(x + block * BLOCK + 16)};
+        sums[block] = vf_reduce_add(vf_add(rest[0], rest[1]));
         for (int level = 0; level < 2; ++level) {
-            const __m512 magnitude = _mm512_max_ps(_mm512_and_ps(rest[0], sign_mask),
-                                                   _mm512_and_ps(rest[1], sign_mask));
-            const float absmax = _mm512_reduce_max_ps(magnitude);
+            const float absmax = vf_reduce_max(vf_max(vf_abs(rest[0]), vf_abs(rest[1])));
             const float scale = absmax / 127.0f;
-            const __m512 inverse = _mm512_set1_ps(absmax > 0.0f ? 127.0f / absmax : 0.0f);
+            const vf inverse = vf_set1(absmax > 0.0f ? 127.0f / absmax : 0.0f);
             int8_t *level_codes = codes + level * k + block * BLOCK;
             for (int half = 0; half < 2; ++half) {
-                /* cvtps rounds to nearest even; |x| / scale <= 127, so saturation never bites */
-                const __m512i code = _mm512_cvtps_epi32(_mm512_mul_ps(rest[half], inverse));
-                _mm_storeu_si128((__m128i *)(level_codes + half * 16), _mm512_cvtsepi32_epi8(code));
-                rest[half] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(code), _mm512_set1_ps(scale),
-                                              rest[half]);
+                /* rounds to nearest even; |x| / scale <= 127, so the bytes never saturate */
+                const vi code = vf_to_vi(vf_mul(rest[half], inverse));
+                vi_store_i8(level_codes + half * 16, code);
+                rest[half] = vf_fnmadd(vi_to_vf(code), vf_set1(scale), rest[half]);
             }
             scales[2 * block + level] = scale;
         }
@@ -69,57 +65,52 @@ static void quantize_activations(const uint16_t *x, int64_t k, int8_t *codes, fl
 /* One tile of 64 output rows for one token; `out_rows` rows are written (the last tile of a
  * padded matrix writes fewer). `x_codes` holds the token's two code rows of k bytes each. */
 static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales,
-                               const uint8_t *zero_points,
-                               int64_t padded_n, int64_t k, int64_t group_size,
-                               const int8_t *x_codes, const float *x_scales, const float *x_sums,
-                               uint16_t *out, int64_t out_rows) {
-    const __m512i nibble = _mm512_set1_epi8(0x0f);
-    const __m512 minus_sixteenth = _mm512_set1_ps(-1.0f / 16.0f);
+                               const uint8_t *zero_points, int64_t padded_n, int64_t k,
+                               int64_t group_size, const int8_t *x_codes, const float *x_scales,
+                               const float *x_sums, act_t *out, int64_t out_rows) {
+    const vf minus_sixteenth = vf_set1(-1.0f / 16.0f);
     const int64_t blocks_per_group = group_size / BLOCK;
-    __m512 y[ROW_VECTORS];
-    for (int v = 0; v < ROW_VECTORS; ++v) y[v] = _mm512_setzero_ps();
+    vf y[ROW_VECTORS];
+    for (int v = 0; v < ROW_VECTORS; ++v) y[v] = vf_zero();
     float group_sum = 0.0f;
     for (int64_t block = 0; block < k / BLOCK; ++block) {
-        __m512i dots[2][ROW_VECTORS];
+        vi dots[2][ROW_VECTORS];
         for (int level = 0; level < 2; ++level)
-            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = _mm512_setzero_si512();
+            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = vi_zero();
         for (int step = 0; step < BLOCK / STEP; ++step) {
             const int64_t column = block * BLOCK + step * STEP;
-            const __m512i *codes = (const __m512i *)(tile_codes + column * TILE_ROWS / 2);
-            __m512i x_low[2], x_high[2];
+            const uint8_t *codes = tile_codes + column * TILE_ROWS / 2;
+            vb x_low[2], x_high[2];
             for (int level = 0; level < 2; ++level) {
                 const int32_t *quads = (const int32_t *)(x_codes + level * k + column);
-                x_low[level] = _mm512_set1_epi32(quads[0]);
-                x_high[level] = _mm512_set1_epi32(quads[1]);
+                x_low[level] = vb_set1_i32(quads[0]);
+                x_high[level] = vb_set1_i32(quads[1]);
             }
             for (int v = 0; v < ROW_VECTORS; ++v) {
-                const __m512i packed = _mm512_loadu_si512(codes + v);
-                const __m512i low = _mm512_and_si512(packed, nibble);
-                const __m512i high = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+                const vb packed = vb_load(codes + 64 * v);
+                const vb low = vb_low_nibbles(packed);
+                const vb high = vb_high_nibbles(packed);
                 for (int level = 0; level < 2; ++level) {
-                    dots[level][v] = _mm512_dpbusd_epi32(dots[level][v], low, x_low[level]);
-                    dots[level][v] = _mm512_dpbusd_epi32(dots[level][v], high, x_high[level]);
+                    dots[level][v] = vi_dot4_add(dots[level][v], low, x_low[level]);
+                    dots[level][v] = vi_dot4_add(dots[level][v], high, x_high[level]);
                 }
             }
         }
         const int64_t group_offset = (block / blocks_per_group) * padded_n;
         const int closes_group = (block + 1) % blocks_per_group == 0;
-        const __m512 x_scale_hi = _mm512_set1_ps(x_scales[2 * block]);
-        const __m512 x_scale_lo = _mm512_set1_ps(x_scales[2 * block + 1]);
+        const vf x_scale_hi = vf_set1(x_scales[2 * block]);
+        const vf x_scale_lo = vf_set1(x_scales[2 * block + 1]);
         group_sum += x_sums[block];
         for (int v = 0; v < ROW_VECTORS; ++v) {
-            const __m512 scale = load_bf16x16(scales + group_offset + v * 16);
-            const __m512 dot = _mm512_fmadd_ps(x_scale_hi, _mm512_cvtepi32_ps(dots[0][v]),
-                                               _mm512_mul_ps(x_scale_lo,
-                                                             _mm512_cvtepi32_ps(dots[1][v])));
-            y[v] = _mm512_fmadd_ps(scale, dot, y[v]);
+            const vf scale = vf_load_bf16(scales + group_offset + v * 16);
+            const vf dot = vf_fmadd(x_scale_hi, vi_to_vf(dots[0][v]),
+                                    vf_mul(x_scale_lo, vi_to_vf(dots[1][v])));
+            y[v] = vf_fmadd(scale, dot, y[v]);
             if (closes_group) {
-                const __m128i zero_bytes =
-                    _mm_loadu_si128((const __m128i *)(zero_points + group_offset + v * 16));
-                const __m512 zero = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(zero_bytes));
+                const vf zero = vf_load_u8(zero_points + group_offset + v * 16);
                 /* -s z / 16: the weight of code 0, which every column of the group adds */
-                const __m512 offset = _mm512_mul_ps(_mm512_mul_ps(scale, zero), minus_sixteenth);
-                y[v] = _mm512_fmadd_ps(offset, _mm512_set1_ps(group_sum), y[v]);
+                const vf offset = vf_mul(vf_mul(scale, zero), minus_sixteenth);
+                y[v] = vf_fmadd(offset, vf_set1(group_sum), y[v]);
             }
         }
         if (closes_group) group_sum = 0.0f;
@@ -127,20 +118,19 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales
     for (int v = 0; v < ROW_VECTORS; ++v) {
         const int64_t rows = out_rows - v * 16;
         if (rows <= 0) break;
-        const __mmask16 mask = rows >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << rows) - 1);
-        _mm256_mask_storeu_epi16(out + v * 16, mask, (__m256i)_mm512_cvtneps_pbh(y[v]));
+        store_act_n(out + v * 16, y[v], rows);
     }
 }
 
 /*
- * x [m, k] bf16, codes [padded_n / 64][k / 8][64][4], scales [k / group_size][padded_n] bf16,
- * zero_points [k / group_size][padded_n] uint8 -> out [m, n] bf16 (n <= padded_n). Returns 0, or -1 for shapes the kernel
- * does not take (k or group_size not a multiple of 32, group_size not dividing k, padded_n not
- * a multiple of 64) and -2 when scratch memory cannot be allocated.
+ * x [m, k], codes [padded_n / 64][k / 8][64][4], scales [k / group_size][padded_n] bf16,
+ * zero_points [k / group_size][padded_n] uint8 -> out [m, n] (n <= padded_n). Returns 0, or -1
+ * for shapes the kernel does not take (k or group_size not a multiple of 32, group_size not
+ * dividing k, padded_n not a multiple of 64) and -2 when scratch memory cannot be allocated.
  */
-int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint16_t *scales,
-                     const uint8_t *zero_points, uint16_t *out, int64_t m, int64_t n, int64_t padded_n, int64_t k,
-                     int64_t group_size, int num_threads) {
+int int4_linear(const act_t *x, const uint8_t *codes, const uint16_t *scales,
+                const uint8_t *zero_points, act_t *out, int64_t m, int64_t n, int64_t padded_n,
+                int64_t k, int64_t group_size, int num_threads) {
     if (k % BLOCK || group_size % BLOCK || k % group_size || padded_n % TILE_ROWS || n > padded_n)
         return -1;
     const int64_t blocks_per_token = k / BLOCK;
@@ -163,8 +153,7 @@ int int4_linear_vnni(const uint16_t *x, const uint8_t *codes, const uint16_t *sc
         /* NOTE: one token at a time: the tile (k * 32 bytes) stays in L1/L2 between tokens. */
         for (int64_t t = 0; t < m; ++t)
             tile_matmul(codes + tile * TILE_ROWS * k / 2, scales + row0, zero_points + row0,
-                        padded_n, k,
-                        group_size, x_codes + 2 * t * k, x_scales + 2 * t * blocks_per_token,
+                        padded_n, k, group_size, x_codes + 2 * t * k, x_scales + 2 * t * blocks_per_token,
                         x_sums + t * blocks_per_token, out + t * n + row0, out_rows);
     }
     free(x_codes), free(x_scales), free(x_sums);

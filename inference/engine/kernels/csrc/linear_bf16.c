@@ -20,8 +20,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "bf16.h"
 #include "kernels.h"
+#include "simd.h"
 
 #define TILE_ROWS 16   /* rows of x, or output columns, per tile */
 #define TILE_K 32      /* bf16 values of k per tile row (64 bytes) */
@@ -77,10 +77,9 @@ static void configure_tiles(int rows_a0, int rows_a1) {
 /* rows x 16 float32 sums (+ bias) -> bf16 out[row][column0 ...] */
 static inline void write_rows(const float *sums, int rows, const uint16_t *bias, uint16_t *out,
                               int64_t n, int64_t column0) {
-    const __m512 b = bias ? load_bf16x16(bias + column0) : _mm512_setzero_ps();
+    const vf b = bias ? vf_load_bf16(bias + column0) : vf_zero();
     for (int r = 0; r < rows; ++r)
-        _mm256_storeu_si256((__m256i *)(out + r * n + column0),
-                            (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(_mm512_loadu_ps(sums + r * 16), b)));
+        vf_store_bf16(out + r * n + column0, vf_add(vf_load(sums + r * 16), b));
 }
 
 /* One block: rows [row0, row0 + 16 * NUM_A) of x by columns [col0, col0 + 16 * NUM_B). */

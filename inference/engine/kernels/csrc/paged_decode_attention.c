@@ -1,5 +1,5 @@
 /*
- * Paged decode attention for bf16 KV caches on x86-64 CPUs with AVX-512 BF16.
+ * Paged decode attention for bf16 or float32 KV caches (`act_t`) on CPUs.
  *
  * Each decode query attends its sequence's keys/values where they lie in the paged cache
  * ([num_blocks, num_kv_heads, block_size, head_dim]): no gathered copy of the context, which the
@@ -9,30 +9,38 @@
  * (flash-decoding) keep both cores busy when a step has few sequences; their partial softmax
  * results are merged by log-sum-exp at the end.
  *
- * Keys and values are consumed 16 tokens (a "tile") at a time:
- * - scores: vdpbf16ps gives 16 partial sums per token; a transpose-and-add tree turns the 16
- *   tokens' partial sums into one vector of 16 scores (~3 instructions a token instead of a
- *   horizontal reduction each);
- * - values: two tokens' rows are interleaved (vpunpck*wd) so that vdpbf16ps multiplies them by
- *   the pair of their probabilities and adds both into float32 accumulators in one instruction.
- *   The interleave permutes head_dim within each 128-bit lane; the accumulators stay permuted
- *   until the end of the work item.
+ * Keys and values are consumed 16 tokens (a "tile") at a time. Two implementations of a tile:
+ * - bf16 caches on AVX-512 BF16 (`DPBF16`):
+ *   - scores: vdpbf16ps gives 16 partial sums per token; a transpose-and-add tree turns the 16
+ *     tokens' partial sums into one vector of 16 scores (~3 instructions a token instead of a
+ *     horizontal reduction each);
+ *   - values: two tokens' rows are interleaved (vpunpck*wd) so that vdpbf16ps multiplies them by
+ *     the pair of their probabilities and adds both into float32 accumulators in one
+ *     instruction. The interleave permutes head_dim within each 128-bit lane; the accumulators
+ *     stay permuted until the end of the work item.
+ * - every other build (simd.h's vectors): a float32 dot product and one reduction per token,
+ *   and one multiply-add per token and 16 dimensions for the values.
  *
- * Numerics, as PyTorch's CPU flash-attention kernel for bf16: q.k and the softmax in float32,
- * the probabilities rounded to bf16 for the weighted value sum, accumulated in float32. The
- * output is float32 (with the log-sum-exp when asked, for cascade merging).
+ * Numerics, as PyTorch's CPU flash-attention kernel: q.k and the softmax in float32, the
+ * probabilities rounded to the cache's type for the weighted value sum, accumulated in float32.
+ * The output is float32 (with the log-sum-exp when asked, for cascade merging).
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "bf16.h"
 #include "kernels.h"
+#include "simd.h"
 
 #define MAX_GROUP 16
 #define MAX_HEAD_DIM 256
 #define TILE 16
+
+#if defined(__AVX512BF16__) && !defined(CACHET_ACTIVATION_FLOAT32)
+#define DPBF16 1
+#endif
+
+#if DPBF16
 
 static inline __m512 add_pairs_ps(__m512 a, __m512 b) {
     return _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
@@ -122,7 +130,7 @@ static inline __attribute__((always_inline)) void attend_partition(
             const float tile_max = _mm512_mask_reduce_max_ps(valid, scores);
             const float new_max = tile_max > running_max[g] ? tile_max : running_max[g];
             const __m512 probs = _mm512_maskz_mov_ps(
-                valid, exp_ps(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
+                valid, vf_exp(_mm512_sub_ps(scores, _mm512_set1_ps(new_max))));
             if (new_max != running_max[g]) {
                 const float correction =
                     running_max[g] == -INFINITY ? 0.0f : expf(running_max[g] - new_max);
@@ -174,14 +182,112 @@ static inline __attribute__((always_inline)) void attend_partition(
     }
 }
 
-typedef void (*attend_fn)(const uint16_t *, const uint16_t *, const uint16_t *, const int32_t *,
+#else /* simd.h's vectors */
+
+/* One work item: `group` query heads against context tokens [token_begin, token_end) of one
+ * sequence and KV head (token_begin a multiple of block_size). Writes the running max, the
+ * exp-sum and the unnormalised weighted value sum [group, head_dim].
+ * always_inline: called with constant group/head_dim, the loops unroll. */
+static inline __attribute__((always_inline)) void attend_partition(
+    const act_t *q, const act_t *k_cache, const act_t *v_cache, const int32_t *block_table,
+    int64_t kv_head, int64_t num_kv_heads, const int64_t group, const int64_t head_dim,
+    int64_t block_size, int64_t token_begin, int64_t token_end, float scale, float *max_out,
+    float *sum_out, float *acc_out) {
+    const int64_t num_vectors = head_dim / VF_LANES;
+    float running_max[MAX_GROUP], running_sum[MAX_GROUP];
+    vf acc[MAX_GROUP][MAX_HEAD_DIM / VF_LANES], query[MAX_GROUP][MAX_HEAD_DIM / VF_LANES];
+    for (int64_t g = 0; g < group; ++g) {
+        running_max[g] = -INFINITY;
+        running_sum[g] = 0.0f;
+        for (int64_t c = 0; c < num_vectors; ++c) {
+            acc[g][c] = vf_zero();
+            query[g][c] = load_act(q + g * head_dim + c * VF_LANES);
+        }
+    }
+    const int64_t row_stride = block_size * head_dim;
+
+    for (int64_t tile_start = token_begin; tile_start < token_end; tile_start += TILE) {
+        const int64_t block_id = block_table[tile_start / block_size];
+        const int64_t offset = (block_id * num_kv_heads + kv_head) * row_stride +
+                               (tile_start % block_size) * head_dim;
+        const act_t *keys = k_cache + offset;
+        const act_t *values = v_cache + offset;
+        const int64_t num_valid = token_end - tile_start < TILE ? token_end - tile_start : TILE;
+        /* NOTE: the next tile usually lies in another block, where the hardware prefetcher
+         * cannot follow: ask for its keys and values now, while this tile computes. */
+        const int64_t next_start = tile_start + 2 * TILE;
+        if (next_start < token_end) {
+            const int64_t next_offset =
+                (block_table[next_start / block_size] * num_kv_heads + kv_head) * row_stride +
+                (next_start % block_size) * head_dim;
+            const char *next_keys = (const char *)(k_cache + next_offset);
+            const char *next_values = (const char *)(v_cache + next_offset);
+            for (int64_t line = 0; line < TILE * head_dim * (int64_t)sizeof(act_t); line += 64) {
+                __builtin_prefetch(next_keys + line);
+                __builtin_prefetch(next_values + line);
+            }
+        }
+
+        float scores[MAX_GROUP][TILE];
+        for (int64_t t = 0; t < TILE; ++t) {
+            if (t >= num_valid) {
+                for (int64_t g = 0; g < group; ++g) scores[g][t] = -INFINITY;
+                continue;
+            }
+            vf dots[MAX_GROUP];
+            for (int64_t g = 0; g < group; ++g) dots[g] = vf_zero();
+            for (int64_t c = 0; c < num_vectors; ++c) {
+                const vf key = load_act(keys + t * head_dim + c * VF_LANES);
+                for (int64_t g = 0; g < group; ++g) dots[g] = vf_fmadd(query[g][c], key, dots[g]);
+            }
+            for (int64_t g = 0; g < group; ++g) scores[g][t] = vf_reduce_add(dots[g]) * scale;
+        }
+        float probs[MAX_GROUP][TILE];
+        for (int64_t g = 0; g < group; ++g) {
+            float tile_max = -INFINITY;
+            for (int64_t t = 0; t < num_valid; ++t)
+                tile_max = scores[g][t] > tile_max ? scores[g][t] : tile_max;
+            const float new_max = tile_max > running_max[g] ? tile_max : running_max[g];
+            vf p = vf_exp(vf_sub(vf_load(scores[g]), vf_set1(new_max)));
+            vf_store(probs[g], p);
+            for (int64_t t = num_valid; t < TILE; ++t) probs[g][t] = 0.0f;
+            p = vf_load(probs[g]);
+            if (new_max != running_max[g]) {
+                const float correction =
+                    running_max[g] == -INFINITY ? 0.0f : expf(running_max[g] - new_max);
+                const vf c = vf_set1(correction);
+                running_sum[g] *= correction;
+                for (int64_t k = 0; k < num_vectors; ++k) acc[g][k] = vf_mul(acc[g][k], c);
+                running_max[g] = new_max;
+            }
+            running_sum[g] += vf_reduce_add(p);
+            vf_store(probs[g], round_act(p));
+        }
+        for (int64_t c = 0; c < num_vectors; ++c)
+            for (int64_t t = 0; t < num_valid; ++t) {
+                /* NOTE: rows past the context may hold anything (NaN bits): never read */
+                const vf value = load_act(values + t * head_dim + c * VF_LANES);
+                for (int64_t g = 0; g < group; ++g)
+                    acc[g][c] = vf_fmadd(vf_set1(probs[g][t]), value, acc[g][c]);
+            }
+    }
+    for (int64_t g = 0; g < group; ++g) {
+        max_out[g] = running_max[g];
+        sum_out[g] = running_sum[g];
+        for (int64_t c = 0; c < num_vectors; ++c)
+            vf_store(acc_out + g * head_dim + c * VF_LANES, acc[g][c]);
+    }
+}
+#endif
+
+typedef void (*attend_fn)(const act_t *, const act_t *, const act_t *, const int32_t *,
                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float,
                           float *, float *, float *);
 
 /* Instances with constant sizes for the common shapes, one generic for the rest. */
 #define ATTEND_INSTANCE(GROUP, HEAD_DIM)                                                        \
     static void attend_##GROUP##_##HEAD_DIM(                                                    \
-        const uint16_t *q, const uint16_t *k, const uint16_t *v, const int32_t *table,          \
+        const act_t *q, const act_t *k, const act_t *v, const int32_t *table,                   \
         int64_t head, int64_t num_kv_heads, int64_t group, int64_t head_dim, int64_t block_size, \
         int64_t begin, int64_t end, float scale, float *m, float *s, float *acc) {              \
         (void)group;                                                                            \
@@ -206,7 +312,7 @@ ATTEND_INSTANCE(6, 128)
 ATTEND_INSTANCE(7, 128)
 ATTEND_INSTANCE(8, 128)
 
-static void attend_generic(const uint16_t *q, const uint16_t *k, const uint16_t *v,
+static void attend_generic(const act_t *q, const act_t *k, const act_t *v,
                            const int32_t *table, int64_t head, int64_t num_kv_heads, int64_t group,
                            int64_t head_dim, int64_t block_size, int64_t begin, int64_t end,
                            float scale, float *m, float *s, float *acc) {
@@ -226,8 +332,8 @@ static attend_fn select_attend(int64_t group, int64_t head_dim) {
 }
 
 /*
- * q:            [num_seqs, num_kv_heads, group, head_dim] bf16, contiguous
- * k/v_cache:    [num_blocks, num_kv_heads, block_size, head_dim] bf16, contiguous
+ * q:            [num_seqs, num_kv_heads, group, head_dim], contiguous
+ * k/v_cache:    [num_blocks, num_kv_heads, block_size, head_dim], contiguous
  * block_tables: [num_seqs, table_stride] int32; context_lens: [num_seqs] int32 (>= 1)
  * Each sequence's context is split in num_parts partitions of tokens_per_part tokens.
  * out:          [num_seqs, num_kv_heads, group, head_dim] float32
@@ -235,13 +341,12 @@ static attend_fn select_attend(int64_t group, int64_t head_dim) {
  * scratch:      num_seqs * num_kv_heads * num_parts * group * (head_dim + 2) floats
  * Returns 0, or -1 when a size is outside what the kernel supports (nothing is written).
  */
-int paged_decode_attention_bf16(const uint16_t *q, const uint16_t *k_cache,
-                                const uint16_t *v_cache, const int32_t *block_tables,
-                                int64_t table_stride, const int32_t *context_lens,
-                                int64_t num_seqs, int64_t num_kv_heads, int64_t group,
-                                int64_t head_dim, int64_t block_size, float scale,
-                                int64_t tokens_per_part, int64_t num_parts, float *out,
-                                float *lse, float *scratch, int num_threads) {
+int paged_decode_attention(const act_t *q, const act_t *k_cache, const act_t *v_cache,
+                           const int32_t *block_tables, int64_t table_stride,
+                           const int32_t *context_lens, int64_t num_seqs, int64_t num_kv_heads,
+                           int64_t group, int64_t head_dim, int64_t block_size, float scale,
+                           int64_t tokens_per_part, int64_t num_parts, float *out, float *lse,
+                           float *scratch, int num_threads) {
     if (group < 1 || group > MAX_GROUP || head_dim < 32 || head_dim % 32 ||
         head_dim > MAX_HEAD_DIM || block_size % TILE || tokens_per_part < block_size ||
         tokens_per_part % block_size || num_parts < 1)
