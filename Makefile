@@ -13,7 +13,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # the models cache (CACHET_MODEL_CACHE, outside the repository); later runs find them in < 1 s.
 TEST_MODELS := qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct gemma-3-270m
 
-.PHONY: install browser run test test-models test-default test-integration lint format clean
+.PHONY: install browser cross-toolchain run test test-models test-default test-integration lint format clean
 
 install: $(VENV)/.installed
 
@@ -40,6 +40,20 @@ browser:
 		fi; \
 	}
 
+# The aarch64 kernel tests (tests/engine/kernels/test_cross_aarch64.py) cross-compile the NEON
+# kernels and run them under qemu-aarch64; installed here when missing (needs root and apt).
+cross-toolchain:
+	@{ command -v aarch64-linux-gnu-gcc && command -v qemu-aarch64; } >/dev/null || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq gcc-aarch64-linux-gnu qemu-user >/dev/null; \
+		else \
+			echo "error: the aarch64 kernel tests need a cross compiler and qemu:" \
+				"sudo apt-get install gcc-aarch64-linux-gnu qemu-user" >&2; \
+			exit 1; \
+		fi; \
+	}
+
 $(DATA_DIR)/secret_key:
 	mkdir -p $(DATA_DIR)
 	umask 077 && $(PY) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
@@ -53,7 +67,7 @@ run: install $(DATA_DIR)/secret_key
 	$(PY) manage.py ensure_api_key && \
 	exec $(VENV)/bin/daphne -b 127.0.0.1 -p $(PORT) chatsite.asgi:application
 
-test: install browser test-models
+test: install browser cross-toolchain test-models
 	$(MAKE) test-default
 	$(MAKE) test-integration
 

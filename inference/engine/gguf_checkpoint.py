@@ -292,7 +292,9 @@ class _Builder:
         layer: QuantizedLinear
         if weight_format == "int8":
             codes, scales = self._int8_rows(weight)
-            layer = Int8Linear.from_codes(codes, scales, bias_tensor)
+            layer = Int8Linear.from_codes(
+                codes, scales, bias_tensor, native_kernels=self.native_kernels
+            )
         elif self.group_size == INT4_GROUP and all(
             shard.tensor.ggml_type in FOUR_BIT_TYPES for shard in weight.filled_shards()
         ):

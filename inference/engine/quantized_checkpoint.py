@@ -343,7 +343,7 @@ def _build(
             linear.bias = nn.Parameter(bias, requires_grad=False)
         return linear
     if quantization == "int8":
-        return Int8Linear(weight.dequantize(), bias, dtype=dtype)
+        return Int8Linear(weight.dequantize(), bias, dtype=dtype, native_kernels=native_kernels)
     group_size = int4_format.group_size
     order = _input_order(weight.group_index, group_size)
     codes = weight.codes if order is None else weight.codes[:, order]

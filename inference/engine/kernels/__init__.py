@@ -131,6 +131,7 @@ KERNELS = {
     "rms_norm": KernelSpec("rms_norm.c"),
     "rotary_store": KernelSpec("rotary_store.c"),
     "int4_linear": KernelSpec("int4_linear.c"),
+    "int8_linear": KernelSpec("int8_linear.c"),
     "linear_bf16": KernelSpec(
         "linear_bf16.c",
         only_level="avx512_bf16",
@@ -148,6 +149,7 @@ KERNELS = {
             "rotary_store.c",
             "paged_decode_attention.c",
             "int4_linear.c",
+            "int8_linear.c",
             "silu_and_mul.c",
         ),
         optional_sources=(

@@ -8,11 +8,11 @@ and KV cache to the C code once, at load time; a step then makes one call for al
 The embedding lookup, the final norm and the logits stay in Python.
 
 It applies to bf16 and float32 models whose linear layers all run native kernels (AMX bf16
-where the CPU has AMX, or the native int4 matmul: so int4 models on every CPU with the kernels'
-instruction sets) with a KV cache of the model's dtype, and to steps made of single-token
-decodes only without a shared-prefix cascade; everything else (prefill, mixed steps,
-speculative verification, a cascade over a shared prefix, int8 weights or KV cache) takes the
-module path.
+where the CPU has AMX, or the native int4 and int8 matmuls: so quantized models, GGUF's mixes
+of 4- and 8-bit tensors included, on every CPU with the kernels' instruction sets) with a KV
+cache of the model's dtype, and to steps made of single-token decodes only without a
+shared-prefix cascade; everything else (prefill, mixed steps, a cascade over a shared prefix,
+an int8 KV cache) takes the module path.
 Results are the module path's bit for bit: the same kernels in the same order on the same
 inputs (tests/engine/kernels/test_decode_layers.py).
 """
@@ -32,7 +32,7 @@ from inference.engine.kernels import paged_decode_attention as paged_decode_kern
 from inference.engine.kv_cache import LayerKVCache
 from inference.engine.layers.attention import AttentionMetadata
 from inference.engine.layers.linear import AmxLinear
-from inference.engine.layers.quantization import Int4Linear
+from inference.engine.layers.quantization import Int4Linear, Int8Linear
 from inference.engine.models.causal_lm import CausalLM
 from inference.engine.models.llama import LlamaForCausalLM
 
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-LINEAR_BF16_AMX, LINEAR_INT4 = 0, 1  # csrc: enum
+LINEAR_BF16_AMX, LINEAR_INT4, LINEAR_INT8 = 0, 1, 2  # csrc: enum
 
 
 class _Linear(ctypes.Structure):
@@ -95,8 +95,8 @@ _kernel = KernelFunction(
 
 def _describe_linear(layer: nn.Module, dtype: torch.dtype) -> _Linear | None:
     bias = getattr(layer, "bias", None)
-    if bias is not None and bias.dtype != dtype:
-        return None
+    if bias is not None and (bias.dtype != dtype or bias.shape[0] % 16):
+        return None  # NOTE: the C code adds a bias 16 values at a time
     bias_pointer = None if bias is None else bias.data_ptr()
     if isinstance(layer, AmxLinear):
         return _Linear(
@@ -120,6 +120,18 @@ def _describe_linear(layer: nn.Module, dtype: torch.dtype) -> _Linear | None:
             layer.weight_int4.data_ptr(),
             layer.scales.data_ptr(),
             layer.zero_points.data_ptr(),
+            bias_pointer,
+        )
+    if isinstance(layer, Int8Linear) and layer.is_native and layer.dtype == dtype:
+        return _Linear(
+            LINEAR_INT8,
+            layer.out_features,
+            layer.weight_int8.shape[0],
+            layer.in_features,
+            0,
+            layer.weight_int8.data_ptr(),
+            layer.scales.data_ptr(),
+            None,
             bias_pointer,
         )
     return None
@@ -152,8 +164,8 @@ def is_supported(model: CausalLM, kv_caches: list[LayerKVCache], block_size: int
     and no other architecture (Gemma's norms and GeGLU). The attention inside is
     paged_decode_attention's, so its shapes apply; the norms and the KV cache must be of the
     model's dtype (bf16, or float32 on CPUs without native bf16), every linear layer must run a
-    native kernel (AMX bf16 or native int4; AMX layers only exist where the CPU has AMX, and the
-    library links the AMX matmul there), and the kernel must be built for this machine.
+    native kernel (AMX bf16, native int4 or int8; AMX layers only exist where the CPU has AMX,
+    and the library links the AMX matmul there), and the kernel must be built for this machine.
     """
     if not isinstance(model, LlamaForCausalLM):
         return False

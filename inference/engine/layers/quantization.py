@@ -49,6 +49,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.kernels import int4_linear as native_int4
+from inference.engine.kernels import int8_linear as native_int8
 from inference.engine.kernels.int4_linear import MAX_TOKENS as NATIVE_INT4_MAX_TOKENS
 from inference.engine.kernels.int4_linear import (
     Int4VnniMatmul,
@@ -57,6 +58,8 @@ from inference.engine.kernels.int4_linear import (
     unpack_int4_vnni,
     unpack_int4_vnni_rows,
 )
+from inference.engine.kernels.int8_linear import MAX_TOKENS as NATIVE_INT8_MAX_TOKENS
+from inference.engine.kernels.int8_linear import Int8Matmul
 
 logger = logging.getLogger(__name__)
 
@@ -151,42 +154,108 @@ def quantize_rows_int8(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
 
 
 class Int8Linear(QuantizedLinear):
-    weight_int8: torch.Tensor  # [out, in] int8
-    scales: torch.Tensor  # [out], one per output row
+    """int8 codes with one scale per output row (w = s q). Where the native int8 kernel runs
+    (kernels/int8_linear.py), the codes are kept in its tiled layout (padded to 64 rows) and
+    steps of up to `max_kernel_tokens` tokens run it; otherwise they are row-major for PyTorch's
+    `_weight_int8pack_mm`."""
+
+    weight_int8: torch.Tensor  # int8 [out, in] (PyTorch) or [padded out, in] (native layout)
+    scales: torch.Tensor  # [out] or [padded out], one per output row, in the model dtype
 
     def __init__(
-        self, weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch.dtype | None = None
+        self,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        dtype: torch.dtype | None = None,
+        native_kernels: bool = True,
     ) -> None:
         """`weight` quantized per row, its scales in `dtype` (the model's; default: weight's)."""
-        codes, scales = quantize_rows_int8(weight, dtype or weight.dtype)
+        dtype = dtype or weight.dtype
+        codes, scales = quantize_rows_int8(weight, dtype)
         super().__init__()
-        self._store(codes, scales, bias)
+        self._store(codes, scales, bias, native_kernels)
 
     @classmethod
     def from_codes(
-        cls, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
+        cls,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        *,
+        native_kernels: bool = True,
     ) -> Int8Linear:
-        """A layer of already quantized rows (`quantize_rows_int8`, e.g. a chunk at a time)."""
+        """A layer of already quantized rows (`quantize_rows_int8`, e.g. a chunk at a time);
+        the scales' dtype is the model's."""
         layer = cls.__new__(cls)
         QuantizedLinear.__init__(layer)
-        layer._store(codes, scales, bias)
+        layer._store(codes, scales, bias, native_kernels)
         return layer
 
-    def _store(self, codes: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def _store(
+        self,
+        codes: torch.Tensor,
+        scales: torch.Tensor,
+        bias: torch.Tensor | None,
+        native_kernels: bool,
+    ) -> None:
         self.out_features, self.in_features = codes.shape
-        self.register_buffer("weight_int8", codes.contiguous())
-        self.register_buffer("scales", scales.contiguous())
+        self.dtype = scales.dtype
+        self.is_native = native_kernels and native_int8.is_supported(
+            self.in_features, scales.dtype, codes.device
+        )
+        self._native_matmul: Int8Matmul | None = None
         self.register_buffer("bias", bias)
+        if not self.is_native:
+            self.register_buffer("weight_int8", codes.contiguous())
+            self.register_buffer("scales", scales.contiguous())
+            return
+        padded_scales = scales.new_zeros(native_int8.padded_rows(self.out_features))
+        padded_scales[: self.out_features] = scales
+        self.register_buffer("weight_int8", native_int8.pack_int8(codes))
+        self.register_buffer("scales", padded_scales)
+        self.max_kernel_tokens = NATIVE_INT8_MAX_TOKENS
+        self._native_matmul = Int8Matmul(
+            self.weight_int8, self.scales, self.out_features, self.dtype
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: the decode fast path first: one check, then the kernel.
+        if (
+            self._native_matmul is not None
+            and x.dim() == 2
+            and x.shape[0] <= self.max_kernel_tokens
+            and x.dtype == self.dtype
+            and x.is_contiguous()
+        ):
+            y = self._native_matmul(x)
+            return y if self.bias is None else y.add_(self.bias)
+        return super().forward(x)
+
+    def can_use_kernel(self, x: torch.Tensor) -> bool:
+        if self.is_native:
+            return x.device.type == "cpu" and x.dtype == self.dtype
+        return super().can_use_kernel(x)
 
     def kernel_matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if self._native_matmul is not None:
+            return self._native_matmul(x.contiguous())
         return torch._weight_int8pack_mm(x, self.weight_int8, self.scales.to(x.dtype))
 
     def dequantize_rows(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-        codes = self.weight_int8[start:end].to(dtype)
+        if self.is_native:
+            codes = native_int8.unpack_int8_rows(self.weight_int8, start, end).to(dtype)
+        else:
+            codes = self.weight_int8[start:end].to(dtype)
         return codes.mul_(self.scales[start:end, None].to(dtype))
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        codes = self.weight_int8[row_ids].to(dtype)
+        if self.is_native:
+            flat_ids = row_ids.reshape(-1)
+            codes = native_int8.unpack_int8_row_ids(self.weight_int8, flat_ids)
+            codes = codes.view(*row_ids.shape, self.in_features).to(dtype)
+        else:
+            codes = self.weight_int8[row_ids].to(dtype)
         return codes.mul_(self.scales[row_ids].to(dtype).unsqueeze(-1))
 
 
@@ -479,7 +548,7 @@ def quantize_linear(
     weight = linear.weight.detach()
     bias = None if linear.bias is None else linear.bias.detach()
     if method == "int8":
-        return Int8Linear(weight, bias)
+        return Int8Linear(weight, bias, native_kernels=native_kernels)
     return Int4Linear(weight, bias, group_size, native_kernels=native_kernels)
 
 

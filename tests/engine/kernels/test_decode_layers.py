@@ -40,7 +40,7 @@ def runner(model_dir, quantization: str, **options) -> ModelRunner:
     return ModelRunner(config)
 
 
-@pytest.fixture(scope="module", params=["none", "int4"] if HAS_AMX else ["int4"])
+@pytest.fixture(scope="module", params=["none", "int4", "int8"] if HAS_AMX else ["int4", "int8"])
 def fused_runner(request, chat_model_dir) -> ModelRunner:
     return runner(chat_model_dir, request.param)
 
@@ -81,8 +81,22 @@ def decode(model_runner: ModelRunner, sequences, num_steps: int, fused: bool) ->
         model_runner.model.fused_decode = saved
 
 
-def test_bf16_and_native_int4_models_get_the_fused_path(fused_runner):
+def test_bf16_and_native_int4_and_int8_models_get_the_fused_path(fused_runner):
     assert fused_runner.model.fused_decode is not None
+
+
+@pytest.mark.slow
+def test_a_gguf_mixing_4_and_8_bit_tensors_runs_fused_with_the_layer_paths_logits(
+    prepared_catalogue_model,
+):
+    # Qwen2.5-Coder-0.5B's Q4_K_M: Q4_K, Q5_0, Q6_K and Q8_0 tensors, served as int4 and int8.
+    mixed = runner(prepared_catalogue_model("qwen2.5-coder-0.5b-instruct"), "auto")
+    assert set(mixed.load_report.formats) >= {"int4", "int8"}
+    assert mixed.model.fused_decode is not None
+    layer_by_layer = decode(mixed, prefill(mixed, [90, 200]), 6, fused=False)
+    fused = decode(mixed, prefill(mixed, [90, 200]), 6, fused=True)
+    for expected, actual in zip(layer_by_layer, fused, strict=True):
+        assert torch.equal(actual, expected)
 
 
 @pytest.mark.parametrize("lengths", [[600], [300, 517, 64]])
@@ -119,10 +133,6 @@ def test_steps_with_a_prefill_or_a_shared_prefix_take_the_layer_by_layer_path(fu
 @pytest.mark.skipif(HAS_AMX, reason="with AMX, bf16 layers run fused on the AMX matmul")
 def test_without_amx_a_bf16_model_keeps_the_layer_by_layer_path(chat_model_dir):
     assert runner(chat_model_dir, "none").model.fused_decode is None
-
-
-def test_int8_weights_keep_the_layer_by_layer_path(chat_model_dir):
-    assert runner(chat_model_dir, "int8").model.fused_decode is None
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -17,6 +17,7 @@ from inference.engine.layers.quantization import (
     Int8Linear,
     QuantizedEmbedding,
     QuantizedLinear,
+    _torch_int4_layout_matches,
     check_quantization,
     model_weight_bytes,
     pack_int4,
@@ -75,15 +76,21 @@ def test_int4_rows_that_are_not_a_multiple_of_64_are_padded_and_sliced_off():
     quantized = quantize_linear(linear, "int4", 32)
     x = torch.randn(2, 64)
     assert quantized(x).shape == (2, 100)
-    torch.testing.assert_close(quantized(x), quantized.dequantized_matmul(x) + linear.bias)
+    # NOTE: the native kernel quantizes the activations (two int8 codes per value): ~1e-4 off
+    torch.testing.assert_close(
+        quantized(x), quantized.dequantized_matmul(x) + linear.bias, atol=1e-3, rtol=1e-3
+    )
 
 
 @pytest.mark.parametrize("num_cols", [64, 576, 1536])
-def test_int4_packing_is_the_cpu_kernels_layout_and_unpacks_to_the_codes(num_cols):
+def test_int4_packing_unpacks_to_the_codes_and_is_used_only_where_it_is_torchs_layout(num_cols):
     codes = torch.randint(0, 16, (192, num_cols), dtype=torch.int32)
     packed = pack_int4(codes)
-    assert torch.equal(packed, torch._convert_weight_to_int4pack_for_cpu(codes, 1))
     assert torch.equal(unpack_int4(packed), codes.to(torch.uint8))
+    # NOTE: torch's CPU int4 packing depends on the CPU it runs on (its AVX-512 build's layout
+    # is pack_int4's; AVX2 CPUs get another): int4 layers use torch's kernel only where they match.
+    is_torchs_layout = torch.equal(packed, torch._convert_weight_to_int4pack_for_cpu(codes, 1))
+    assert _torch_int4_layout_matches() == is_torchs_layout
 
 
 @pytest.mark.parametrize("method", ["int8", "int4"])

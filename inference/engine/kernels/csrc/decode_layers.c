@@ -11,7 +11,8 @@
  * sequence from C, with scratch buffers allocated once per step.
  *
  * Linked with linear_bf16.c (AMX, -DCACHET_WITH_LINEAR_BF16_AMX) where the CPU has AMX; without
- * it, only models whose linear layers are all int4 (int4_linear.c) run here.
+ * it, only models whose linear layers are all int4 or int8 (int4_linear.c, int8_linear.c) run
+ * here.
  *
  * Each layer computes exactly what models/llama.py's DecoderLayer does on the native path:
  *   hidden, residual = norm1(x, residual)   (layer 0: hidden = norm1(x), residual = x)
@@ -27,14 +28,14 @@
 #include "kernels.h"
 #include "simd.h"
 
-enum { LINEAR_BF16_AMX = 0, LINEAR_INT4 = 1 };
+enum { LINEAR_BF16_AMX = 0, LINEAR_INT4 = 1, LINEAR_INT8 = 2 };
 
 /* Keep in step with decode_layers.py (ctypes Structures). */
 typedef struct {
     int64_t kind;
     int64_t out_features, padded_out_features, in_features, group_size;
-    const void *weight;           /* AMX-packed bf16, or int4 codes */
-    const uint16_t *scales;       /* int4 only: bf16 [groups][padded_out_features] */
+    const void *weight;           /* AMX-packed bf16, int4 or int8 codes */
+    const void *scales;           /* int4: bf16 [groups][padded_out]; int8: act_t [padded_out] */
     const uint8_t *zero_points;   /* int4 only: uint8 [groups][padded_out_features] */
     const act_t *bias;            /* [out_features], or NULL */
 } linear_desc;
@@ -63,10 +64,15 @@ static int linear(const linear_desc *layer, const act_t *x, act_t *out, int64_t 
 #else
         return -2; /* built without AMX: decode_layers.py describes no AMX layer then */
 #endif
-    const int status = int4_linear(x, layer->weight, layer->scales, layer->zero_points, out, m,
-                                        layer->out_features, layer->padded_out_features,
-                                        layer->in_features, layer->group_size, num_threads);
+    const int status =
+        layer->kind == LINEAR_INT8
+            ? int8_linear(x, layer->weight, layer->scales, out, m, layer->out_features,
+                          layer->padded_out_features, layer->in_features, num_threads)
+            : int4_linear(x, layer->weight, layer->scales, layer->zero_points, out, m,
+                          layer->out_features, layer->padded_out_features, layer->in_features,
+                          layer->group_size, num_threads);
     if (status || !layer->bias) return status;
+    if (layer->out_features % VF_LANES) return -1; /* decode_layers.py describes none such */
     for (int64_t row = 0; row < m; ++row) /* y + b rounded, as y.add_(bias) */
         for (int64_t i = 0; i < layer->out_features; i += VF_LANES) {
             act_t *y = out + row * layer->out_features + i;

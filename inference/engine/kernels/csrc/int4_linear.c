@@ -23,44 +23,15 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "activation_codes.h"
 #include "kernels.h"
 #include "simd.h"
 
 #define TILE_ROWS 64  /* output rows per tile (4 vectors of 16) */
 #define ROW_VECTORS 4
-#define BLOCK 32      /* activation columns per int8 block */
 #define STEP 8        /* columns per 64-byte load of a row vector */
-
-/*
- * One token's activations -> per block of 32 columns, two int8 codes per value and their two
- * scales, x ~ scale_hi * code_hi + scale_lo * code_lo (the second quantizes the first's
- * rounding error), and the exact sum of the block. Why two: one int8 code per value loses the
- * small values of a block that holds one of the model's outlier activations (measured on
- * SmolLM2-135M: perplexity +1.6% instead of +0.4%, half as many greedy answers identical to the
- * dequantized path's); with the second the error is ~absmax / 64,000, below bf16's own rounding
- * for all but the smallest values, for two more dot products per 64 bytes of weights.
- */
-static void quantize_activations(const act_t *x, int64_t k, int8_t *codes, float *scales,
-                                 float *sums) {
-    for (int64_t block = 0; block < k / BLOCK; ++block) {
-        vf rest[2] = {load_act(x + block * BLOCK), load_act(x + block * BLOCK + 16)};
-        sums[block] = vf_reduce_add(vf_add(rest[0], rest[1]));
-        for (int level = 0; level < 2; ++level) {
-            const float absmax = vf_reduce_max(vf_max(vf_abs(rest[0]), vf_abs(rest[1])));
-            const float scale = absmax / 127.0f;
-            const vf inverse = vf_set1(absmax > 0.0f ? 127.0f / absmax : 0.0f);
-            int8_t *level_codes = codes + level * k + block * BLOCK;
-            for (int half = 0; half < 2; ++half) {
-                /* rounds to nearest even; |x| / scale <= 127, so the bytes never saturate */
-                const vi code = vf_to_vi(vf_mul(rest[half], inverse));
-                vi_store_i8(level_codes + half * 16, code);
-                rest[half] = vf_fnmadd(vi_to_vf(code), vf_set1(scale), rest[half]);
-            }
-            scales[2 * block + level] = scale;
-        }
-    }
-}
 
 /* One tile of 64 output rows for one token; `out_rows` rows are written (the last tile of a
  * padded matrix writes fewer). `x_codes` holds the token's two code rows of k bytes each. */
@@ -82,7 +53,8 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales
             const uint8_t *codes = tile_codes + column * TILE_ROWS / 2;
             vb x_low[2], x_high[2];
             for (int level = 0; level < 2; ++level) {
-                const int32_t *quads = (const int32_t *)(x_codes + level * k + column);
+                int32_t quads[2]; /* NOTE: memcpy, not a cast: int8 codes read as int32 */
+                memcpy(quads, x_codes + level * k + column, sizeof quads);
                 x_low[level] = vb_set1_i32(quads[0]);
                 x_high[level] = vb_set1_i32(quads[1]);
             }
@@ -134,16 +106,8 @@ int int4_linear(const act_t *x, const uint8_t *codes, const uint16_t *scales,
     if (k % BLOCK || group_size % BLOCK || k % group_size || padded_n % TILE_ROWS || n > padded_n)
         return -1;
     const int64_t blocks_per_token = k / BLOCK;
-    int8_t *x_codes = malloc((size_t)(2 * m * k));
-    float *x_scales = malloc(sizeof(float) * (size_t)(2 * m * blocks_per_token));
-    float *x_sums = malloc(sizeof(float) * (size_t)(m * blocks_per_token));
-    if (!x_codes || !x_scales || !x_sums) {
-        free(x_codes), free(x_scales), free(x_sums);
-        return -2;
-    }
-    for (int64_t t = 0; t < m; ++t)
-        quantize_activations(x + t * k, k, x_codes + 2 * t * k, x_scales + 2 * t * blocks_per_token,
-                             x_sums + t * blocks_per_token);
+    activation_codes x_codes;
+    if (activation_codes_make(x, m, k, &x_codes)) return -2;
     const int64_t num_tiles = padded_n / TILE_ROWS;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
@@ -153,9 +117,10 @@ int int4_linear(const act_t *x, const uint8_t *codes, const uint16_t *scales,
         /* NOTE: one token at a time: the tile (k * 32 bytes) stays in L1/L2 between tokens. */
         for (int64_t t = 0; t < m; ++t)
             tile_matmul(codes + tile * TILE_ROWS * k / 2, scales + row0, zero_points + row0,
-                        padded_n, k, group_size, x_codes + 2 * t * k, x_scales + 2 * t * blocks_per_token,
-                        x_sums + t * blocks_per_token, out + t * n + row0, out_rows);
+                        padded_n, k, group_size, x_codes.codes + 2 * t * k,
+                        x_codes.scales + 2 * t * blocks_per_token,
+                        x_codes.sums + t * blocks_per_token, out + t * n + row0, out_rows);
     }
-    free(x_codes), free(x_scales), free(x_sums);
+    activation_codes_free(&x_codes);
     return 0;
 }

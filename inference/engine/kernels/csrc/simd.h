@@ -10,7 +10,9 @@
  * the same order (fused multiply-adds where the source writes them), and the integer dot
  * products are exact. Only reductions across lanes (vf_reduce_*) may add in another order.
  *
- * Types: `vf` holds 16 float32 lanes, `vi` 16 int32 lanes, `vb` 64 bytes. Activations are bf16
+ * Types: `vf` holds 16 float32 lanes, `vi` 16 int32 lanes, `vb` 64 bytes. Integer dot products
+ * take 4 bytes per int32 lane: vi_dot4_add for unsigned codes below 128 by signed bytes,
+ * vi_dot4_add_signed for signed bytes by signed bytes. Activations are bf16
  * or float32 (`act_t`): a library is built for one, with -DCACHET_ACTIVATION_FLOAT32 for
  * float32, and its kernels read and write that type through load_act/store_act. round_act
  * rounds a float32 result where PyTorch would round it to the activation type (bf16: to
@@ -131,6 +133,13 @@ static inline vi vi_dot4_add(vi acc, vb u, vb s) {
     const __m512i pairs = _mm512_maddubs_epi16(u, s);
     return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
 #endif
+}
+/* lane i += sum of the 4 products a[4i + j] b[4i + j] of signed bytes in [-127, 127] */
+static inline vi vi_dot4_add_signed(vi acc, vb a, vb b) {
+    /* |a| times b with a's sign: the unsigned-by-signed product the instructions take */
+    const __mmask64 negative = _mm512_movepi8_mask(a);
+    const __m512i signed_b = _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b);
+    return vi_dot4_add(acc, _mm512_abs_epi8(a), signed_b);
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA */
@@ -284,10 +293,25 @@ static inline vi vi_dot4_add(vi acc, vb u, vb s) {
             acc.h[i], _mm256_madd_epi16(_mm256_maddubs_epi16(u.h[i], s.h[i]), ones));
     return acc;
 }
+static inline vi vi_dot4_add_signed(vi acc, vb a, vb b) {
+    /* |a| times b with a's sign (exact for |a| <= 127 and |b| <= 127) */
+    vb magnitude, signed_b;
+    for (int i = 0; i < 2; ++i) {
+        magnitude.h[i] = _mm256_sign_epi8(a.h[i], a.h[i]);
+        signed_b.h[i] = _mm256_sign_epi8(b.h[i], a.h[i]);
+    }
+    return vi_dot4_add(acc, magnitude, signed_b);
+}
 #undef VF_MAP1
 
 /* ---------------------------------------------------------------- NEON */
 #elif CACHET_SIMD_NEON
+/*
+ * Cross-compiled and run under qemu-aarch64 for both levels (armv8-a; armv8.2-a+dotprod) and
+ * both activation types by tests/engine/kernels/test_cross_aarch64.py.
+ * NOTE: vmaxq/vminq return NaN when an operand is NaN, where x86's max/min return their second
+ * operand: vf_exp(NaN) is NaN here and ~0 on x86 (no kernel feeds it a NaN from finite data).
+ */
 typedef struct {
     float32x4_t q[4];
 } vf;
@@ -415,6 +439,10 @@ static inline vi vi_dot4_add(vi acc, vb u, vb s) {
 #endif
     }
     return acc;
+}
+static inline vi vi_dot4_add_signed(vi acc, vb a, vb b) {
+    /* NEON's dot products are signed by signed already: the same instructions */
+    return vi_dot4_add(acc, a, b);
 }
 #undef VF_MAP1
 #endif

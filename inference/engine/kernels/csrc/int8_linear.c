@@ -1,0 +1,93 @@
+/*
+ * y = x W^T for activations x (bf16 or float32) and int8 weights with one scale per output row
+ * (the format of quantization.Int8Linear: w = s q, q in [-127, 127]), with integer dot products.
+ *
+ * Weights are packed by tiles of 64 output rows as [K/4][64][4] bytes: the 4 bytes of row r at
+ * step j are columns 4j..4j+3, so one 64-byte load holds 16 rows x 4 columns, ready for
+ * vi_dot4_add_signed against 4 activation codes broadcast to every row. Scales are [padded N].
+ *
+ * Activations are quantized per token as for the int4 matmul (activation_codes.h: two int8
+ * codes per value in blocks of 32 columns, so the error stays below bf16's rounding), and
+ *   y_r = s_r sum_blocks (x_scale_hi dot(q_r, x_hi) + x_scale_lo dot(q_r, x_lo)).
+ *
+ * Why: GGUF's 5- to 8-bit tensors (Q5_0, Q6_K, Q8_0: a Q4_K_M model's attention values and half
+ * its down projections) load as int8, and PyTorch's int8 matmul is not a fast path on CPUs; with
+ * it a model that mixes int4 and int8 layers runs every decode step in one native call
+ * (decode_layers.c). Tiles go to the OpenMP threads dynamically, as in int4_linear.c.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "activation_codes.h"
+#include "kernels.h"
+#include "simd.h"
+
+#define TILE_ROWS 64 /* output rows per tile (4 vectors of 16) */
+#define ROW_VECTORS 4
+#define STEP 4 /* columns per 64-byte load of a row vector */
+
+/* One tile of 64 output rows for one token; `out_rows` rows are written. */
+static inline void tile_matmul(const int8_t *tile_codes, const act_t *scales, int64_t k,
+                               const int8_t *x_codes, const float *x_scales, act_t *out,
+                               int64_t out_rows) {
+    vf y[ROW_VECTORS];
+    for (int v = 0; v < ROW_VECTORS; ++v) y[v] = vf_zero();
+    for (int64_t block = 0; block < k / BLOCK; ++block) {
+        vi dots[2][ROW_VECTORS];
+        for (int level = 0; level < 2; ++level)
+            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = vi_zero();
+        for (int step = 0; step < BLOCK / STEP; ++step) {
+            const int64_t column = block * BLOCK + step * STEP;
+            const int8_t *codes = tile_codes + column * TILE_ROWS;
+            vb x_quad[2];
+            for (int level = 0; level < 2; ++level) {
+                int32_t quad; /* NOTE: memcpy, not a cast: int8 codes read as int32 */
+                memcpy(&quad, x_codes + level * k + column, sizeof quad);
+                x_quad[level] = vb_set1_i32(quad);
+            }
+            for (int v = 0; v < ROW_VECTORS; ++v) {
+                const vb weights = vb_load(codes + 64 * v);
+                for (int level = 0; level < 2; ++level)
+                    dots[level][v] = vi_dot4_add_signed(dots[level][v], weights, x_quad[level]);
+            }
+        }
+        const vf x_scale_hi = vf_set1(x_scales[2 * block]);
+        const vf x_scale_lo = vf_set1(x_scales[2 * block + 1]);
+        for (int v = 0; v < ROW_VECTORS; ++v)
+            y[v] = vf_fmadd(x_scale_hi, vi_to_vf(dots[0][v]),
+                            vf_fmadd(x_scale_lo, vi_to_vf(dots[1][v]), y[v]));
+    }
+    for (int v = 0; v < ROW_VECTORS; ++v) {
+        const int64_t rows = out_rows - v * 16;
+        if (rows <= 0) break;
+        store_act_n(out + v * 16, vf_mul(y[v], load_act(scales + v * 16)), rows);
+    }
+}
+
+/*
+ * x [m, k], codes [padded_n / 64][k / 4][64][4] int8, scales [padded_n] -> out [m, n]
+ * (n <= padded_n). Returns 0, -1 for shapes the kernel does not take (k not a multiple of 32,
+ * padded_n not a multiple of 64) and -2 when scratch memory cannot be allocated.
+ */
+int int8_linear(const act_t *x, const int8_t *codes, const act_t *scales, act_t *out, int64_t m,
+                int64_t n, int64_t padded_n, int64_t k, int num_threads) {
+    if (k % BLOCK || padded_n % TILE_ROWS || n > padded_n) return -1;
+    const int64_t blocks_per_token = k / BLOCK;
+    activation_codes x_codes;
+    if (activation_codes_make(x, m, k, &x_codes)) return -2;
+    const int64_t num_tiles = padded_n / TILE_ROWS;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+        const int64_t row0 = tile * TILE_ROWS;
+        const int64_t out_rows = n - row0 < TILE_ROWS ? n - row0 : TILE_ROWS;
+        if (out_rows <= 0) continue;
+        /* NOTE: one token at a time: the tile (k * 64 bytes) stays in L2 between tokens. */
+        for (int64_t t = 0; t < m; ++t)
+            tile_matmul(codes + tile * TILE_ROWS * k, scales + row0, k,
+                        x_codes.codes + 2 * t * k, x_codes.scales + 2 * t * blocks_per_token,
+                        out + t * n + row0, out_rows);
+    }
+    activation_codes_free(&x_codes);
+    return 0;
+}

@@ -1,0 +1,115 @@
+"""The native int8 matmul (`csrc/int8_linear.c`) and its weight layout.
+
+`quantization.Int8Linear` keeps its codes (int8, one scale per output row) in this layout when
+the kernel can run (a CPU with one of the kernels' instruction sets, a bf16 or float32 model),
+and row-major for PyTorch's `_weight_int8pack_mm` otherwise. The values are the same; only the
+order of the bytes differs, and the rows are padded with zeros to a multiple of 64.
+
+Layout: codes by tiles of 64 output rows, each [K/4][64][4] bytes: the 4 bytes of row r at step
+j are columns 4j..4j+3 (one 64-byte load: 16 rows x 4 columns).
+
+Numerics: activations are quantized per token to two int8 codes per value in blocks of 32 (as for
+the int4 kernel), the sums are exact integers scaled in float32; results match the dequantized
+weights to the output dtype's rounding (tests/engine/kernels/test_int8_linear.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from inference.engine.kernels import KernelFunction, require
+
+TILE_ROWS = 64  # csrc: TILE_ROWS
+BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
+STEP = 4  # columns per row and step (csrc: STEP)
+# NOTE: as the int4 kernel's: past this many tokens a step dequantizes and runs the GEMM.
+MAX_TOKENS = 128
+
+_matmul = KernelFunction(
+    "int8_linear", "int8_linear", [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+)
+
+
+def is_supported(
+    in_features: int, dtype: torch.dtype = torch.bfloat16, device: torch.device | str = "cpu"
+) -> bool:
+    """Whether the kernel can serve an int8 weight of `in_features` columns for a `dtype` model
+    on `device` (bf16 or float32, on a CPU the kernels run on)."""
+    return (
+        torch.device(device).type == "cpu"
+        and in_features % BLOCK == 0
+        and _matmul(dtype) is not None
+    )
+
+
+def padded_rows(num_rows: int) -> int:
+    return -(-num_rows // TILE_ROWS) * TILE_ROWS
+
+
+def pack_int8(codes: torch.Tensor) -> torch.Tensor:
+    """int8 [padded N, K] in the kernel's layout from row-major codes [N, K] (zero rows added)."""
+    num_rows, num_cols = codes.shape
+    padded = torch.zeros(padded_rows(num_rows), num_cols, dtype=torch.int8)
+    padded[:num_rows] = codes
+    # [tiles, 64 rows, K/4 steps, 4] -> [tiles, K/4, 64, 4]
+    tiles = padded.view(-1, TILE_ROWS, num_cols // STEP, STEP).transpose(1, 2)
+    return tiles.contiguous().view(-1, num_cols)
+
+
+def unpack_int8_rows(packed: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    """Row-major codes [end - start, K] of rows [start, end) of a packed weight."""
+    num_cols = packed.shape[1]
+    first_tile, last_tile = start // TILE_ROWS, -(-end // TILE_ROWS)
+    tiles = packed[first_tile * TILE_ROWS : last_tile * TILE_ROWS]
+    rows = tiles.view(-1, num_cols // STEP, TILE_ROWS, STEP).transpose(1, 2).reshape(-1, num_cols)
+    offset = first_tile * TILE_ROWS
+    return rows[start - offset : end - offset]
+
+
+def unpack_int8_row_ids(packed: torch.Tensor, row_ids: torch.Tensor) -> torch.Tensor:
+    """Row-major codes [len(row_ids), K] of the rows `row_ids` (1-d) of a packed weight."""
+    num_cols = packed.shape[1]
+    tiles = packed.view(-1, num_cols // STEP, TILE_ROWS, STEP)
+    return tiles[row_ids // TILE_ROWS, :, row_ids % TILE_ROWS].reshape(len(row_ids), num_cols)
+
+
+class Int8Matmul:
+    """x [M, K] (contiguous, of `dtype`) times a packed int8 weight -> [M, out_features]."""
+
+    def __init__(
+        self, codes: torch.Tensor, scales: torch.Tensor, out_features: int, dtype: torch.dtype
+    ) -> None:
+        if scales.dtype != dtype or scales.shape != (codes.shape[0],):
+            raise ValueError(f"scales {scales.dtype} {list(scales.shape)} for {dtype} codes")
+        self.codes, self.scales = codes, scales  # keep the pointers below alive
+        self.out_features, self.in_features = out_features, codes.shape[1]
+        self.dtype = dtype
+        self._arguments = (codes.data_ptr(), scales.data_ptr())
+        self._matmul = require(_matmul(dtype), "int8_linear")
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        num_tokens, in_features = x.shape
+        if in_features != self.in_features or x.dtype != self.dtype:
+            raise ValueError(
+                f"input of {in_features} features in {x.dtype} for an int8 [{self.out_features}, "
+                f"{self.in_features}] weight serving {self.dtype}"
+            )
+        out = torch.empty(num_tokens, self.out_features, dtype=self.dtype)
+        status = self._matmul(
+            x.data_ptr(),
+            *self._arguments,
+            out.data_ptr(),
+            num_tokens,
+            self.out_features,
+            self.codes.shape[0],
+            in_features,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(
+                f"int8 kernel refused x {list(x.shape)}, weight {list(self.codes.shape)} "
+                f"(status {status})"
+            )
+        return out
