@@ -32,6 +32,9 @@
 #define TILE_ROWS 64  /* output rows per tile (4 vectors of 16) */
 #define ROW_VECTORS 4
 #define STEP 8        /* columns per 64-byte load of a row vector */
+#if 2 * BLOCK / STEP > VN_MAX_ADDS
+#error "a block's nibble dot products overflow vn's int16 sums"
+#endif
 
 /* One tile of 64 output rows for one token; `out_rows` rows are written (the last tile of a
  * padded matrix writes fewer). `x_codes` holds the token's two code rows of k bytes each. */
@@ -45,9 +48,10 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales
     for (int v = 0; v < ROW_VECTORS; ++v) y[v] = vf_zero();
     float group_sum = 0.0f;
     for (int64_t block = 0; block < k / BLOCK; ++block) {
-        vi dots[2][ROW_VECTORS];
+        /* NOTE: BLOCK / STEP steps of a low and a high nibble: VN_MAX_ADDS products */
+        vn dots[2][ROW_VECTORS];
         for (int level = 0; level < 2; ++level)
-            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = vi_zero();
+            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = vn_zero();
         for (int step = 0; step < BLOCK / STEP; ++step) {
             const int64_t column = block * BLOCK + step * STEP;
             const uint8_t *codes = tile_codes + column * TILE_ROWS / 2;
@@ -63,8 +67,8 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales
                 const vb low = vb_low_nibbles(packed);
                 const vb high = vb_high_nibbles(packed);
                 for (int level = 0; level < 2; ++level) {
-                    dots[level][v] = vi_dot4_add(dots[level][v], low, x_low[level]);
-                    dots[level][v] = vi_dot4_add(dots[level][v], high, x_high[level]);
+                    dots[level][v] = vn_dot4_add(dots[level][v], low, x_low[level]);
+                    dots[level][v] = vn_dot4_add(dots[level][v], high, x_high[level]);
                 }
             }
         }
@@ -75,8 +79,8 @@ static inline void tile_matmul(const uint8_t *tile_codes, const uint16_t *scales
         group_sum += x_sums[block];
         for (int v = 0; v < ROW_VECTORS; ++v) {
             const vf scale = vf_load_bf16(scales + group_offset + v * 16);
-            const vf dot = vf_fmadd(x_scale_hi, vi_to_vf(dots[0][v]),
-                                    vf_mul(x_scale_lo, vi_to_vf(dots[1][v])));
+            const vf dot = vf_fmadd(x_scale_hi, vi_to_vf(vn_sum(dots[0][v])),
+                                    vf_mul(x_scale_lo, vi_to_vf(vn_sum(dots[1][v]))));
             y[v] = vf_fmadd(scale, dot, y[v]);
             if (closes_group) {
                 const vf zero = vf_load_u8(zero_points + group_offset + v * 16);

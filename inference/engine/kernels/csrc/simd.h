@@ -12,7 +12,10 @@
  *
  * Types: `vf` holds 16 float32 lanes, `vi` 16 int32 lanes, `vb` 64 bytes. Integer dot products
  * take 4 bytes per int32 lane: vi_dot4_add for unsigned codes below 128 by signed bytes,
- * vi_dot4_add_signed for signed bytes by signed bytes. Activations are bf16
+ * vi_dot4_add_signed for signed bytes by signed bytes. `vn` accumulates up to VN_MAX_ADDS dot
+ * products of 4-bit codes (below 16) by signed bytes (|s| <= 127), then vn_sum gives their int32
+ * sums: where the dot product is not one instruction (AVX2, AVX-512 without VNNI) the partial
+ * sums stay int16 until then (8 x 2 x 15 x 127 < 2^15), one instruction a product instead of three. Activations are bf16
  * or float32 (`act_t`): a library is built for one, with -DCACHET_ACTIVATION_FLOAT32 for
  * float32, and its kernels read and write that type through load_act/store_act. round_act
  * rounds a float32 result where PyTorch would round it to the activation type (bf16: to
@@ -40,6 +43,7 @@
 #endif
 
 #define VF_LANES 16
+#define VN_MAX_ADDS 8 /* vn_dot4_add calls a vn takes before vn_sum (int16 range) */
 
 /* ---------------------------------------------------------------- AVX-512 */
 #if CACHET_SIMD_AVX512
@@ -141,6 +145,19 @@ static inline vi vi_dot4_add_signed(vi acc, vb a, vb b) {
     const __m512i signed_b = _mm512_mask_sub_epi8(b, negative, _mm512_setzero_si512(), b);
     return vi_dot4_add(acc, _mm512_abs_epi8(a), signed_b);
 }
+#ifdef __AVX512VNNI__
+typedef __m512i vn;
+static inline vn vn_zero(void) { return _mm512_setzero_si512(); }
+static inline vn vn_dot4_add(vn acc, vb nibbles, vb s) { return _mm512_dpbusd_epi32(acc, nibbles, s); }
+static inline vi vn_sum(vn acc) { return acc; }
+#else
+typedef __m512i vn; /* int16 sums of pairs of products */
+static inline vn vn_zero(void) { return _mm512_setzero_si512(); }
+static inline vn vn_dot4_add(vn acc, vb nibbles, vb s) {
+    return _mm512_add_epi16(acc, _mm512_maddubs_epi16(nibbles, s));
+}
+static inline vi vn_sum(vn acc) { return _mm512_madd_epi16(acc, _mm512_set1_epi16(1)); }
+#endif
 
 /* ---------------------------------------------------------------- AVX2 + FMA */
 #elif CACHET_SIMD_AVX2
@@ -302,6 +319,23 @@ static inline vi vi_dot4_add_signed(vi acc, vb a, vb b) {
     }
     return vi_dot4_add(acc, magnitude, signed_b);
 }
+typedef struct {
+    __m256i h[2]; /* int16 sums of pairs of products */
+} vn;
+static inline vn vn_zero(void) {
+    vn r = {{_mm256_setzero_si256(), _mm256_setzero_si256()}};
+    return r;
+}
+static inline vn vn_dot4_add(vn acc, vb nibbles, vb s) {
+    for (int i = 0; i < 2; ++i)
+        acc.h[i] = _mm256_add_epi16(acc.h[i], _mm256_maddubs_epi16(nibbles.h[i], s.h[i]));
+    return acc;
+}
+static inline vi vn_sum(vn acc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    vi r = {{_mm256_madd_epi16(acc.h[0], ones), _mm256_madd_epi16(acc.h[1], ones)}};
+    return r;
+}
 #undef VF_MAP1
 
 /* ---------------------------------------------------------------- NEON */
@@ -444,6 +478,10 @@ static inline vi vi_dot4_add_signed(vi acc, vb a, vb b) {
     /* NEON's dot products are signed by signed already: the same instructions */
     return vi_dot4_add(acc, a, b);
 }
+typedef vi vn;
+static inline vn vn_zero(void) { return vi_zero(); }
+static inline vn vn_dot4_add(vn acc, vb nibbles, vb s) { return vi_dot4_add(acc, nibbles, s); }
+static inline vi vn_sum(vn acc) { return acc; }
 #undef VF_MAP1
 #endif
 
