@@ -29,6 +29,7 @@ import ctypes
 import torch
 
 from inference.engine.kernels import KernelFunction, require
+from inference.engine.kernels.weight_matmul import WeightMatmul
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -133,55 +134,22 @@ def _split_nibbles(steps: torch.Tensor) -> torch.Tensor:
     return torch.stack((steps & 15, steps >> 4), dim=-2)
 
 
-class Int4VnniMatmul:
-    """x [M, K] (contiguous, of `dtype`) times a packed int4 weight -> [M, out_features].
-
-    The kernel and the weight's pointers are resolved once: a decode step makes ~120 of these
-    calls, and per-call lookups were a measurable share of their Python cost.
-    """
-
-    def __init__(
-        self,
-        codes: torch.Tensor,
-        scales: torch.Tensor,
-        zero_points: torch.Tensor,
-        group_size: int,
-        out_features: int,
-        dtype: torch.dtype = torch.bfloat16,
-    ) -> None:
-        self.codes = codes  # keep the pointers below alive
-        self.scales = scales
-        self.zero_points = zero_points
-        self.group_size = group_size
-        self.out_features = out_features
-        self.in_features = codes.shape[1] * 2
-        self._arguments = (codes.data_ptr(), scales.data_ptr(), zero_points.data_ptr())
-        self._padded_rows = codes.shape[0]
-        self.dtype = dtype
-        self._matmul = require(_matmul(dtype), "int4_linear")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        num_tokens, in_features = x.shape
-        if in_features != self.in_features or x.dtype != self.dtype:
-            raise ValueError(
-                f"input of {in_features} features in {x.dtype} for an int4 [{self.out_features}, "
-                f"{self.in_features}] weight serving {self.dtype}"
-            )
-        out = torch.empty(num_tokens, self.out_features, dtype=self.dtype)
-        status = self._matmul(
-            x.data_ptr(),
-            *self._arguments,
-            out.data_ptr(),
-            num_tokens,
-            self.out_features,
-            self._padded_rows,
-            in_features,
-            self.group_size,
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise RuntimeError(
-                f"int4 kernel refused x {list(x.shape)}, weight {list(self.codes.shape)}, "
-                f"groups of {self.group_size} (status {status})"
-            )
-        return out
+def int4_matmul(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor,
+    group_size: int,
+    out_features: int,
+    dtype: torch.dtype = torch.bfloat16,
+) -> WeightMatmul:
+    """x [M, K] (contiguous, of `dtype`) times a packed int4 weight -> [M, out_features]."""
+    return WeightMatmul(
+        require(_matmul(dtype), "int4_linear"),
+        (codes, scales, zero_points),
+        name="int4",
+        in_features=codes.shape[1] * 2,
+        out_features=out_features,
+        padded_out_features=codes.shape[0],
+        dtype=dtype,
+        extra_sizes=(group_size,),
+    )

@@ -20,6 +20,7 @@ import ctypes
 import torch
 
 from inference.engine.kernels import KernelFunction, require
+from inference.engine.kernels.weight_matmul import WeightMatmul
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -75,41 +76,18 @@ def unpack_int8_row_ids(packed: torch.Tensor, row_ids: torch.Tensor) -> torch.Te
     return tiles[row_ids // TILE_ROWS, :, row_ids % TILE_ROWS].reshape(len(row_ids), num_cols)
 
 
-class Int8Matmul:
+def int8_matmul(
+    codes: torch.Tensor, scales: torch.Tensor, out_features: int, dtype: torch.dtype
+) -> WeightMatmul:
     """x [M, K] (contiguous, of `dtype`) times a packed int8 weight -> [M, out_features]."""
-
-    def __init__(
-        self, codes: torch.Tensor, scales: torch.Tensor, out_features: int, dtype: torch.dtype
-    ) -> None:
-        if scales.dtype != dtype or scales.shape != (codes.shape[0],):
-            raise ValueError(f"scales {scales.dtype} {list(scales.shape)} for {dtype} codes")
-        self.codes, self.scales = codes, scales  # keep the pointers below alive
-        self.out_features, self.in_features = out_features, codes.shape[1]
-        self.dtype = dtype
-        self._arguments = (codes.data_ptr(), scales.data_ptr())
-        self._matmul = require(_matmul(dtype), "int8_linear")
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        num_tokens, in_features = x.shape
-        if in_features != self.in_features or x.dtype != self.dtype:
-            raise ValueError(
-                f"input of {in_features} features in {x.dtype} for an int8 [{self.out_features}, "
-                f"{self.in_features}] weight serving {self.dtype}"
-            )
-        out = torch.empty(num_tokens, self.out_features, dtype=self.dtype)
-        status = self._matmul(
-            x.data_ptr(),
-            *self._arguments,
-            out.data_ptr(),
-            num_tokens,
-            self.out_features,
-            self.codes.shape[0],
-            in_features,
-            torch.get_num_threads(),
-        )
-        if status != 0:
-            raise RuntimeError(
-                f"int8 kernel refused x {list(x.shape)}, weight {list(self.codes.shape)} "
-                f"(status {status})"
-            )
-        return out
+    if scales.dtype != dtype or scales.shape != (codes.shape[0],):
+        raise ValueError(f"scales {scales.dtype} {list(scales.shape)} for {dtype} codes")
+    return WeightMatmul(
+        require(_matmul(dtype), "int8_linear"),
+        (codes, scales),
+        name="int8",
+        in_features=codes.shape[1],
+        out_features=out_features,
+        padded_out_features=codes.shape[0],
+        dtype=dtype,
+    )

@@ -52,14 +52,15 @@ from inference.engine.kernels import int4_linear as native_int4
 from inference.engine.kernels import int8_linear as native_int8
 from inference.engine.kernels.int4_linear import MAX_TOKENS as NATIVE_INT4_MAX_TOKENS
 from inference.engine.kernels.int4_linear import (
-    Int4VnniMatmul,
+    int4_matmul,
     pack_int4_vnni,
     quantize_int4_vnni,
     unpack_int4_vnni,
     unpack_int4_vnni_rows,
 )
 from inference.engine.kernels.int8_linear import MAX_TOKENS as NATIVE_INT8_MAX_TOKENS
-from inference.engine.kernels.int8_linear import Int8Matmul
+from inference.engine.kernels.int8_linear import int8_matmul
+from inference.engine.kernels.weight_matmul import WeightMatmul
 
 logger = logging.getLogger(__name__)
 
@@ -100,8 +101,22 @@ class QuantizedLinear(nn.Module):
     out_features: int
     bias: torch.Tensor | None
     max_kernel_tokens: int = PACKED_KERNEL_MAX_TOKENS
+    dtype: torch.dtype  # the model's
+    # the native kernel's call, where the layer keeps its weight in that kernel's layout
+    _native_matmul: WeightMatmul | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # NOTE: the decode fast path of native layers first: one check, then the kernel.
+        if (
+            self._native_matmul is not None
+            and x.dim() == 2
+            and x.shape[0] <= self.max_kernel_tokens
+            and x.dtype == self.dtype
+            and x.is_contiguous()
+            and x.device.type == "cpu"
+        ):
+            y = self._native_matmul(x)
+            return y if self.bias is None else y.add_(self.bias)
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         if x.shape[0] <= self.max_kernel_tokens and self.can_use_kernel(x):
@@ -204,7 +219,7 @@ class Int8Linear(QuantizedLinear):
         self.is_native = native_kernels and native_int8.is_supported(
             self.in_features, scales.dtype, codes.device
         )
-        self._native_matmul: Int8Matmul | None = None
+        self._native_matmul = None
         self.register_buffer("bias", bias)
         if not self.is_native:
             self.register_buffer("weight_int8", codes.contiguous())
@@ -215,22 +230,9 @@ class Int8Linear(QuantizedLinear):
         self.register_buffer("weight_int8", native_int8.pack_int8(codes))
         self.register_buffer("scales", padded_scales)
         self.max_kernel_tokens = NATIVE_INT8_MAX_TOKENS
-        self._native_matmul = Int8Matmul(
+        self._native_matmul = int8_matmul(
             self.weight_int8, self.scales, self.out_features, self.dtype
         )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: the decode fast path first: one check, then the kernel.
-        if (
-            self._native_matmul is not None
-            and x.dim() == 2
-            and x.shape[0] <= self.max_kernel_tokens
-            and x.dtype == self.dtype
-            and x.is_contiguous()
-        ):
-            y = self._native_matmul(x)
-            return y if self.bias is None else y.add_(self.bias)
-        return super().forward(x)
 
     def can_use_kernel(self, x: torch.Tensor) -> bool:
         if self.is_native:
@@ -397,7 +399,7 @@ class Int4Linear(QuantizedLinear):
         )
         self.dtype = dtype
         self.register_buffer("bias", bias)
-        self._native_matmul: Int4VnniMatmul | None = None
+        self._native_matmul = None
 
     def _padded(self, rows: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
         """`rows` [out, ...] with rows of `fill` up to the padded row count."""
@@ -414,7 +416,7 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer("scales", scales)  # [num_groups, padded_rows] bf16
         self.register_buffer("zero_points", zero_points)  # [num_groups, padded_rows] uint8
         self.max_kernel_tokens = NATIVE_INT4_MAX_TOKENS
-        self._native_matmul = Int4VnniMatmul(
+        self._native_matmul = int4_matmul(
             self.weight_int4, scales, zero_points, self.group_size, self.out_features, self.dtype
         )
 
@@ -425,20 +427,6 @@ class Int4Linear(QuantizedLinear):
         self.register_buffer(
             "scales_and_zeros", torch.stack((scales, zeros), dim=-1).transpose(0, 1).contiguous()
         )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # NOTE: the decode fast path first: one check, then the kernel.
-        if (
-            self._native_matmul is not None
-            and x.dim() == 2
-            and x.shape[0] <= self.max_kernel_tokens
-            and x.dtype == self.dtype
-            and x.is_contiguous()
-            and x.device.type == "cpu"
-        ):
-            y = self._native_matmul(x)
-            return y if self.bias is None else y.add_(self.bias)
-        return super().forward(x)
 
     def can_use_kernel(self, x: torch.Tensor) -> bool:
         if self.is_native:

@@ -40,6 +40,23 @@
 #define DPBF16 1
 #endif
 
+/* NOTE: the next tile usually lies in another block, where the hardware prefetcher cannot
+ * follow: its keys and values are asked for while the current tile computes. */
+static inline void prefetch_tile(const act_t *k_cache, const act_t *v_cache,
+                                 const int32_t *block_table, int64_t kv_head,
+                                 int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                                 int64_t tile_start, int64_t token_end) {
+    if (tile_start >= token_end) return;
+    const int64_t offset =
+        (block_table[tile_start / block_size] * num_kv_heads + kv_head) * block_size * head_dim +
+        (tile_start % block_size) * head_dim;
+    const char *keys = (const char *)(k_cache + offset), *values = (const char *)(v_cache + offset);
+    for (int64_t line = 0; line < TILE * head_dim * (int64_t)sizeof(act_t); line += 64) {
+        __builtin_prefetch(keys + line);
+        __builtin_prefetch(values + line);
+    }
+}
+
 #if DPBF16
 
 static inline __m512 add_pairs_ps(__m512 a, __m512 b) {
@@ -97,20 +114,8 @@ static inline __attribute__((always_inline)) void attend_partition(
         const uint16_t *values = v_cache + offset;
         const int64_t num_valid = token_end - tile_start < TILE ? token_end - tile_start : TILE;
         const __mmask16 valid = (__mmask16)((1u << num_valid) - 1u);
-        /* NOTE: the next tile usually lies in another block, where the hardware prefetcher
-         * cannot follow: ask for its keys and values now, while this tile computes. */
-        const int64_t next_start = tile_start + 2 * TILE;
-        if (next_start < token_end) {
-            const int64_t next_offset =
-                (block_table[next_start / block_size] * num_kv_heads + kv_head) * row_stride +
-                (next_start % block_size) * head_dim;
-            const char *next_keys = (const char *)(k_cache + next_offset);
-            const char *next_values = (const char *)(v_cache + next_offset);
-            for (int64_t line = 0; line < TILE * head_dim * 2; line += 64) {
-                _mm_prefetch(next_keys + line, _MM_HINT_T0);
-                _mm_prefetch(next_values + line, _MM_HINT_T0);
-            }
-        }
+        prefetch_tile(k_cache, v_cache, block_table, kv_head, num_kv_heads, head_dim, block_size,
+                      tile_start + 2 * TILE, token_end);
 
         uint32_t prob_pairs[MAX_GROUP][TILE / 2];
         for (int64_t g = 0; g < group; ++g) {
@@ -213,20 +218,8 @@ static inline __attribute__((always_inline)) void attend_partition(
         const act_t *keys = k_cache + offset;
         const act_t *values = v_cache + offset;
         const int64_t num_valid = token_end - tile_start < TILE ? token_end - tile_start : TILE;
-        /* NOTE: the next tile usually lies in another block, where the hardware prefetcher
-         * cannot follow: ask for its keys and values now, while this tile computes. */
-        const int64_t next_start = tile_start + 2 * TILE;
-        if (next_start < token_end) {
-            const int64_t next_offset =
-                (block_table[next_start / block_size] * num_kv_heads + kv_head) * row_stride +
-                (next_start % block_size) * head_dim;
-            const char *next_keys = (const char *)(k_cache + next_offset);
-            const char *next_values = (const char *)(v_cache + next_offset);
-            for (int64_t line = 0; line < TILE * head_dim * (int64_t)sizeof(act_t); line += 64) {
-                __builtin_prefetch(next_keys + line);
-                __builtin_prefetch(next_values + line);
-            }
-        }
+        prefetch_tile(k_cache, v_cache, block_table, kv_head, num_kv_heads, head_dim, block_size,
+                      tile_start + 2 * TILE, token_end);
 
         float scores[MAX_GROUP][TILE];
         for (int64_t t = 0; t < TILE; ++t) {

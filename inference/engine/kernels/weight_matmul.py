@@ -1,0 +1,62 @@
+"""The call of a native quantized matmul (int4_linear.c, int8_linear.c): x times a weight the
+kernel holds in its own layout, checked before the kernel reads anything."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class WeightMatmul:
+    """x [M, K] (contiguous, of `dtype`) times a packed weight -> [M, out_features] of `dtype`.
+
+    The kernel and the weight's pointers are resolved once: a decode step makes ~120 of these
+    calls, and per-call lookups were a measurable share of their Python cost. The kernels share
+    one signature: (x, *weight pointers, out, m, n, padded n, k, *extra sizes, num_threads).
+    """
+
+    def __init__(
+        self,
+        kernel: Callable[..., int],
+        weights: tuple[torch.Tensor, ...],
+        *,
+        name: str,
+        in_features: int,
+        out_features: int,
+        padded_out_features: int,
+        dtype: torch.dtype,
+        extra_sizes: tuple[int, ...] = (),
+    ) -> None:
+        self._weights = weights  # keep the pointers below alive
+        self._pointers = tuple(weight.data_ptr() for weight in weights)
+        self._kernel, self._extra_sizes = kernel, extra_sizes
+        self.name, self.dtype = name, dtype
+        self.in_features, self.out_features = in_features, out_features
+        self.padded_out_features = padded_out_features
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        num_tokens, in_features = x.shape
+        if in_features != self.in_features or x.dtype != self.dtype:
+            raise ValueError(
+                f"input of {in_features} features in {x.dtype} for an {self.name} "
+                f"[{self.out_features}, {self.in_features}] weight serving {self.dtype}"
+            )
+        out = torch.empty(num_tokens, self.out_features, dtype=self.dtype)
+        status = self._kernel(
+            x.data_ptr(),
+            *self._pointers,
+            out.data_ptr(),
+            num_tokens,
+            self.out_features,
+            self.padded_out_features,
+            in_features,
+            *self._extra_sizes,
+            torch.get_num_threads(),
+        )
+        if status != 0:
+            raise RuntimeError(
+                f"{self.name} kernel refused x {list(x.shape)} for a [{self.out_features}, "
+                f"{self.in_features}] weight (status {status})"
+            )
+        return out
