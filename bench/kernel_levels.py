@@ -16,7 +16,8 @@ call, and each speed over PyTorch's.
 
     python -m bench.kernel_levels                          # the default models
     python -m bench.kernel_levels --model smollm2-135m-instruct --json
-    python -m bench.kernel_levels --smoke                  # the bundled model, tiny sizes
+    python -m bench.kernel_levels --smoke                  # the bundled model, tiny sizes,
+                                                           # PyTorch and the best level only
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def run_benchmark(
     from inference.model_files import ModelSourceError, resolve_chat_model
 
     levels = [level.name for level in supported_isa_levels()]
+    measured = levels[:1] if smoke else levels  # NOTE: smoke: PyTorch and the best level only
     workload = SMOKE_WORKLOAD if smoke else WORKLOAD
     rows = []
     for name in models:
@@ -58,7 +60,7 @@ def run_benchmark(
         except ModelSourceError as error:
             raise CannotRunError(f"model {name}: {error}") from None
         baseline: dict | None = None
-        for configuration in [BASELINE, *levels]:
+        for configuration in [BASELINE, *measured]:
             arguments = {
                 "model": name,
                 "model_dir": str(model_dir),

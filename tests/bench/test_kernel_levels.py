@@ -11,7 +11,7 @@ from inference.engine.kernels import supported_isa_levels
 
 
 @pytest.mark.slow
-def test_the_smoke_table_has_pytorch_and_each_level_of_this_cpu_with_their_ratios(
+def test_the_smoke_table_has_pytorch_and_this_cpus_best_level_with_its_ratio(
     settings, capsys
 ) -> None:
     status = main(["--smoke", "--json", "--models-dir", str(settings.MODELS_DIR)])
@@ -21,7 +21,7 @@ def test_the_smoke_table_has_pytorch_and_each_level_of_this_cpu_with_their_ratio
     levels = [level.name for level in supported_isa_levels()]
     assert report["config"]["levels"] == levels
     rows = report["results"]
-    assert [row["kernels"] for row in rows] == [BASELINE, *levels]
+    assert [row["kernels"] for row in rows] == [BASELINE, *levels[:1]]
     baseline, *native = rows
     assert not baseline["fused_decode"] and baseline["decode_tok_s"] > 0
     for row in native:  # each level really ran its kernels: the decode step fused
@@ -31,7 +31,7 @@ def test_the_smoke_table_has_pytorch_and_each_level_of_this_cpu_with_their_ratio
         )
     table = format_table(report)
     assert f"| smollm2-135m-instruct | {BASELINE} | " in table
-    for level in levels:
+    for level in levels[:1]:
         assert f"| smollm2-135m-instruct | {level} | " in table
 
 
