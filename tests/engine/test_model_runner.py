@@ -245,7 +245,7 @@ def test_a_verification_on_the_fused_path_gives_exactly_the_logits_of_one_token_
 ):
     # What keeps bf16 speculative decoding lossless: a few-token entry (drafts to verify, a draft
     # model's catch-up) runs as decodes of its tokens, the computation plain decoding does.
-    runner = _runner(chat_model_dir, torch.bfloat16, quantization=quantization)
+    runner = _runner(chat_model_dir, AUTO_DTYPE, quantization=quantization)
     assert runner.model.fused_decode is not None
     prompt, other = chat_prompts[0], chat_prompts[1]
     tables = [list(range(8)), list(range(8, 16))]
