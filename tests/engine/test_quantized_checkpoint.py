@@ -74,8 +74,13 @@ def loaded(quantized_checkpoint):
     def load(name: str, dtype: torch.dtype, quantization: str = "auto"):
         key = (name, dtype, quantization)
         if key not in models:
+            # NOTE: float32 is the exactness reference: PyTorch's format keeps the checkpoint's
+            # scales and zeros as they are (the native one refits them to its bf16 grid).
             models[key] = load_model(
-                quantized_checkpoint(name), dtype=dtype, quantization=quantization
+                quantized_checkpoint(name),
+                dtype=dtype,
+                quantization=quantization,
+                native_kernels=dtype != torch.float32,
             )
         return models[key]
 
@@ -158,7 +163,9 @@ def test_float32_logits_match_transformers_on_the_librarys_dequantized_weights(
     token_ids = prompt_ids(checkpoint)
     with torch.inference_mode():
         expected = reference_model(checkpoint)(torch.tensor([token_ids])).logits[0]
-    config = EngineConfig(checkpoint, dtype=torch.float32, kv_cache_mb=4, max_model_len=64)
+    config = EngineConfig(
+        checkpoint, dtype=torch.float32, kv_cache_mb=4, max_model_len=64, native_kernels=False
+    )
     runner = ModelRunner(config)
     assert weight_formats(runner.model) == {"int4": NUM_INT4_LAYERS, "float": 1}
     logits = runner.execute([BatchEntry(token_ids, 0, [0], num_logits=len(token_ids))])
@@ -236,7 +243,13 @@ def test_greedy_generation_from_int4_matches_transformers_on_the_dequantized_wei
         )
     greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     for dtype in ("float32", "bfloat16"):
-        config = EngineConfig(checkpoint, dtype=dtype, kv_cache_mb=4, max_model_len=64)
+        config = EngineConfig(
+            checkpoint,
+            dtype=dtype,
+            kv_cache_mb=4,
+            max_model_len=64,
+            native_kernels=dtype != "float32",  # the exactness reference, as in `loaded`
+        )
         engine = Engine(config)
         try:
             (result,) = engine.generate([token_ids], greedy)
