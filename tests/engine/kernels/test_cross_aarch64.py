@@ -41,7 +41,11 @@ from inference.engine.layers.quantization import quantize_rows_int8
 from inference.engine.layers.rotary import RopeArgs, RotaryEmbedding, apply_rotary
 from tests.engine.kernels.conftest import assert_same_values
 from tests.engine.kernels.test_int4_linear import relative_error
-from tests.engine.kernels.test_paged_decode_attention import random_cache, tolerance
+from tests.engine.kernels.test_paged_decode_attention import (
+    random_cache,
+    scattered_block_tables,
+    tolerance,
+)
 from tests.engine.kernels.test_paged_decode_attention import reference as attention_reference
 from tests.engine.kernels.test_rms_norm import op_by_op, random_rows
 from tests.engine.kernels.test_silu_and_mul import pytorch_silu_and_mul
@@ -490,12 +494,7 @@ def test_the_neon_paged_decode_attention_matches_exact_softmax_attention_under_q
     # 1 token, a partial first tile, exactly one block, one past a block, a long context
     context_lens = [1, 7, block_size, block_size + 1, 300]
     generator = torch.Generator().manual_seed(group)
-    order = torch.randperm(num_blocks, generator=generator).tolist()
-    tables, start = [], 0
-    for length in context_lens:  # scattered, non-contiguous blocks
-        count = math.ceil(length / block_size)
-        tables.append(order[start : start + count])
-        start += count
+    tables = scattered_block_tables(context_lens, block_size, num_blocks, generator)
     k_cache, v_cache = random_cache(
         num_blocks, num_kv_heads, block_size, head_dim, seed=group, dtype=neon.dtype
     )

@@ -63,6 +63,19 @@ def reference(grouped_q, k_cache, v_cache, block_tables, context_lens, scale):
     return torch.stack(outputs), torch.stack(lses)
 
 
+def scattered_block_tables(
+    context_lens: list[int], block_size: int, num_blocks: int, generator: torch.Generator
+) -> list[list[int]]:
+    """A block table per context: distinct blocks in random, non-contiguous order."""
+    order = torch.randperm(num_blocks, generator=generator).tolist()
+    tables, start = [], 0
+    for length in context_lens:
+        count = math.ceil(length / block_size)
+        tables.append(order[start : start + count])
+        start += count
+    return tables
+
+
 def run_kernel(grouped_q, k_cache, v_cache, block_tables, context_lens, scale):
     width = max(len(t) for t in block_tables)
     table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
@@ -95,12 +108,7 @@ def test_kernel_matches_exact_softmax_attention_for_each_shape(
     # 1 token, a partial first tile, exactly one block, one past a block, a long context
     context_lens = [1, 7, block_size, block_size + 1, 20 * block_size - 3]
     generator = torch.Generator().manual_seed(head_dim)
-    order = torch.randperm(num_blocks, generator=generator).tolist()
-    tables, start = [], 0
-    for length in context_lens:  # scattered, non-contiguous blocks
-        count = math.ceil(length / block_size)
-        tables.append(order[start : start + count])
-        start += count
+    tables = scattered_block_tables(context_lens, block_size, num_blocks, generator)
     q = torch.randn(len(context_lens), num_kv_heads, group, head_dim, generator=generator)
     q = q.to(dtype)
     out, lse = run_kernel(q, k_cache, v_cache, tables, context_lens, head_dim**-0.5)
