@@ -35,7 +35,7 @@ def start_remote_cachet(chat_model_dir: Path) -> Iterator[LiveServer]:
         "CACHET_API_REQUESTS_PER_MINUTE": "100000",
         "CACHET_API_TOKENS_PER_MINUTE": "100000000",
     }
-    options = {"torch_threads": 1, "kv_cache_mb": 128}
+    options = {"torch_threads": 1, "kv_cache_mb": 256}
     with LiveServer(models_dir=chat_model_dir.parent, env=env, **options) as live:
         live.key = live.shell(API_KEY_SETUP).strip().splitlines()[-1]
         live.model = str(chat_model_dir).rstrip("/")

@@ -13,7 +13,10 @@ def test_rms_norm_matches_transformers_bitwise(dtype):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
     torch.manual_seed(0)
-    ours, theirs = RMSNorm(64, eps=1e-5), LlamaRMSNorm(64, eps=1e-5)
+    # NOTE: the PyTorch path; the native kernel sums in another order and has its own tests
+    # against this module (tests/engine/kernels/test_rms_norm.py).
+    ours = RMSNorm(64, eps=1e-5, native_kernels=False)
+    theirs = LlamaRMSNorm(64, eps=1e-5)
     with torch.no_grad():
         theirs.weight.normal_(1.0, 0.1)
         ours.weight.copy_(theirs.weight)
