@@ -56,6 +56,9 @@ try:
     CACHET_TORCH_THREADS = env.read_int(
         os.environ, "CACHET_TORCH_THREADS", default=engine_default("num_threads"), minimum=0
     )
+    CACHET_ADAPTIVE_THREADS = env.read_bool(
+        os.environ, "CACHET_ADAPTIVE_THREADS", default=engine_default("adaptive_threads")
+    )
     CACHET_NATIVE_KERNELS = env.read_bool(
         os.environ, "CACHET_NATIVE_KERNELS", default=engine_default("native_kernels")
     )

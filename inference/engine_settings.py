@@ -22,6 +22,7 @@ from inference.engine import EngineConfig
 # that sets each: they depend on the machine and the server, not on the model configuration.
 PROCESS_SETTINGS: dict[str, str] = {
     "num_threads": "CACHET_TORCH_THREADS",
+    "adaptive_threads": "CACHET_ADAPTIVE_THREADS",
     "native_kernels": "CACHET_NATIVE_KERNELS",
     "fused_decode": "CACHET_FUSED_DECODE",
 }

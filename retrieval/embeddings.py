@@ -57,7 +57,8 @@ class Embedder:
         with _lock:  # NOTE: the model is not safe to call from two threads at once.
             # NOTE: queries single-threaded, batches on a short-lived thread: either way no
             # lasting OpenMP team competes with the engine's (see inference/torch_threads.py).
-            vectors = run_torch_work(embed, len(texts))
+            # Batches are ingestion's bulk work: niced, so chats keep the cores.
+            vectors = run_torch_work(embed, len(texts), background=True)
         unit_vectors: np.ndarray = vectors.float().cpu().numpy().astype(np.float32, copy=False)
         return unit_vectors
 

@@ -86,6 +86,8 @@ class EngineConfig:
     device: str = "cpu"
     # torch threads of the engine thread (0: torch's default, one per core); see engine.py.
     num_threads: int = 0
+    # Fewer threads (at least one) while other processes keep cores busy: core_share.py.
+    adaptive_threads: bool = True
     # Weight formats: "auto" follows the checkpoint (a GGUF's tensor types, gguf_checkpoint.py;
     # an AWQ / GPTQ / compressed-tensors checkpoint's int4 layers, quantized_checkpoint.py; a
     # float checkpoint loads in `dtype`), "none" is `dtype` throughout, "int8" / "int4" quantize

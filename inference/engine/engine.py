@@ -32,6 +32,7 @@ from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, fast_decoder
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.sequence import Sequence
+from inference.engine.core_share import CoreShare
 from inference.engine.draft_vocabulary import check_draft_vocabulary
 from inference.engine.engine_core import EngineCore, OutputCallback, Request
 from inference.engine.model_runner import ModelRunner
@@ -77,6 +78,8 @@ class Engine:
         self._runner_loaded = threading.Event()
         self._core_ready = threading.Event()
         self._load_error: BaseException | None = None
+        # the engine thread's thread count while others use the cores; None: adaptive_threads off
+        self.core_share: CoreShare | None = None
         self.runner: ModelRunner | None = runner
         self.draft_runner: ModelRunner | None = draft_runner
         self._thread = threading.Thread(target=self._thread_main, name="cachet-engine", daemon=True)
@@ -337,6 +340,8 @@ class Engine:
         try:
             if config.num_threads:
                 torch.set_num_threads(config.num_threads)
+            if config.adaptive_threads:
+                self.core_share = CoreShare(torch.get_num_threads())
             if self.runner is None:
                 self.runner = ModelRunner(config)
             if config.uses_draft_model and self.draft_runner is None:
@@ -380,10 +385,20 @@ class Engine:
             core.abort_all()
         elif not core.has_work:
             core.record_metrics()  # e.g. after an abort: show the freed KV blocks at once
-        elif not core.step():
-            logger.warning("the engine has requests but could schedule none; waiting")
-            with self._cond:
-                self._cond.wait(STALL_WAIT_S)
+        else:
+            self._adapt_threads()
+            if not core.step():
+                logger.warning("the engine has requests but could schedule none; waiting")
+                with self._cond:
+                    self._cond.wait(STALL_WAIT_S)
+
+    def _adapt_threads(self) -> None:
+        """One thread fewer per core other processes keep busy (core_share.py says why)."""
+        if self.core_share is None:
+            return
+        threads = self.core_share.threads()
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
 
     def _forget_request_id(self, request_id: str) -> None:
         with self._cond:

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
 import torch
 
-from inference.torch_threads import run_on_short_lived_thread, run_single_threaded, run_torch_work
+from inference.torch_threads import (
+    BACKGROUND_NICENESS,
+    run_on_short_lived_thread,
+    run_single_threaded,
+    run_torch_work,
+)
 
 
 def where_and_how_many() -> tuple[int, int]:
@@ -60,3 +66,18 @@ def test_small_batches_stay_on_the_caller_and_large_ones_move():
     assert (small_ident, small_threads) == (caller, 1)
     large_ident, _ = run_torch_work(where_and_how_many, batch_size=64)
     assert large_ident != threading.get_ident()
+
+
+def this_threads_niceness() -> int:
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+
+def test_background_work_runs_niced_and_leaves_the_callers_priority_alone():
+    caller = this_threads_niceness()
+    assert run_torch_work(this_threads_niceness, batch_size=64, background=True) == max(
+        caller, BACKGROUND_NICENESS
+    )
+    assert run_torch_work(this_threads_niceness, batch_size=64) == caller
+    # small batches stay on the caller's thread, at its priority (query latency)
+    assert run_torch_work(this_threads_niceness, batch_size=4, background=True) == caller
+    assert this_threads_niceness() == caller

@@ -36,3 +36,11 @@ def assert_same_values(actual: torch.Tensor, expected: torch.Tensor) -> None:
         assert torch.equal(actual, expected)
     else:
         torch.testing.assert_close(actual, expected, rtol=4e-6, atol=1e-6)
+
+
+def assert_each_row_is_computed_alone(layer: torch.nn.Module, x: torch.Tensor) -> None:
+    """The quantized kernels share weight loads among the tokens of a step: token t's output must
+    still be bit for bit the one it gets in a step of its own (batching never changes an answer)."""
+    together = layer.kernel_matmul(x)
+    alone = torch.cat([layer.kernel_matmul(row[None]) for row in x])
+    assert torch.equal(together, alone)

@@ -15,6 +15,7 @@ from inference.engine.kernels.int4_linear import (
     unpack_int4_vnni_rows,
 )
 from inference.engine.layers.quantization import Int4Linear
+from tests.engine.kernels.conftest import assert_each_row_is_computed_alone
 
 needs_kernel = pytest.mark.skipif(
     not int4_linear.is_supported(64, 32),
@@ -83,6 +84,14 @@ def test_the_kernel_matches_the_dequantized_weights_to_bf16_rounding(
     # bf16 output rounding alone is ~1.7e-3 here; one int8 code per activation measured ~8e-3;
     # float32 outputs keep only the activations' two int8 codes' error
     assert relative_error(y, expected) < (2.5e-3 if dtype == torch.bfloat16 else 5e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_tokens", [2, 4, 7, 9])
+def test_tokens_of_one_step_get_the_outputs_they_get_alone(num_tokens, isa_level, dtype):
+    layer = int4_layer(192, 576, 64, dtype=dtype)
+    x = torch.randn(num_tokens, 576, generator=torch.Generator().manual_seed(2)).to(dtype)
+    assert_each_row_is_computed_alone(layer, x)
 
 
 @needs_kernel

@@ -14,6 +14,7 @@ from inference.engine.kernels.int8_linear import (
     unpack_int8_rows,
 )
 from inference.engine.layers.quantization import Int8Linear, quantize_rows_int8
+from tests.engine.kernels.conftest import assert_each_row_is_computed_alone
 
 needs_kernel = pytest.mark.skipif(
     not int8_linear.is_supported(64),
@@ -73,6 +74,14 @@ def test_the_kernel_matches_the_dequantized_weights(
     assert y.dtype == dtype and y.shape == (num_tokens, out_features)
     # bf16: its output rounding (~1.5e-3); float32: the activations' two int8 codes only
     assert relative_error(y, expected.T) < (2.5e-3 if dtype == torch.bfloat16 else 2e-4)
+
+
+@needs_kernel
+@pytest.mark.parametrize("num_tokens", [2, 4, 7, 9])
+def test_tokens_of_one_step_get_the_outputs_they_get_alone(num_tokens, isa_level, dtype):
+    layer = int8_layer(192, 576, dtype=dtype)
+    x = torch.randn(num_tokens, 576, generator=torch.Generator().manual_seed(2)).to(dtype)
+    assert_each_row_is_computed_alone(layer, x)
 
 
 @needs_kernel

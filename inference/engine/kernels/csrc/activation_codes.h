@@ -50,8 +50,9 @@ typedef struct {
     float *sums;    /* [m][k / BLOCK] */
 } activation_codes;
 
-/* Quantizes x [m, k] (k a multiple of BLOCK); returns 0, or -2 without memory. */
-static inline int activation_codes_make(const act_t *x, int64_t m, int64_t k,
+/* Quantizes x [m, k] (k a multiple of BLOCK), tokens spread over `num_threads`; returns 0, or
+ * -2 without memory. */
+static inline int activation_codes_make(const act_t *x, int64_t m, int64_t k, int num_threads,
                                         activation_codes *out) {
     const int64_t blocks = k / BLOCK;
     out->codes = malloc((size_t)(2 * m * k));
@@ -61,6 +62,8 @@ static inline int activation_codes_make(const act_t *x, int64_t m, int64_t k,
         free(out->codes), free(out->scales), free(out->sums);
         return -2;
     }
+    /* NOTE: a prefill step's thousands of tokens would otherwise quantize on one core */
+#pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
     for (int64_t t = 0; t < m; ++t)
         quantize_activations(x + t * k, k, out->codes + 2 * t * k, out->scales + 2 * t * blocks,
                              out->sums + t * blocks);

@@ -26,43 +26,51 @@
 #define TILE_ROWS 64 /* output rows per tile (4 vectors of 16) */
 #define ROW_VECTORS 4
 #define STEP 4 /* columns per 64-byte load of a row vector */
+#define TOKEN_GROUP 4 /* tokens that share a pass over a tile */
 
-/* One tile of 64 output rows for one token; `out_rows` rows are written. */
-static inline void tile_matmul(const int8_t *tile_codes, const act_t *scales, int64_t k,
-                               const int8_t *x_codes, const float *x_scales, act_t *out,
-                               int64_t out_rows) {
-    vf y[ROW_VECTORS];
-    for (int v = 0; v < ROW_VECTORS; ++v) y[v] = vf_zero();
-    for (int64_t block = 0; block < k / BLOCK; ++block) {
-        vi dots[2][ROW_VECTORS];
-        for (int level = 0; level < 2; ++level)
-            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = vi_zero();
-        for (int step = 0; step < BLOCK / STEP; ++step) {
-            const int64_t column = block * BLOCK + step * STEP;
-            const int8_t *codes = tile_codes + column * TILE_ROWS;
-            vb x_quad[2];
-            for (int level = 0; level < 2; ++level) {
-                int32_t quad; /* NOTE: memcpy, not a cast: int8 codes read as int32 */
-                memcpy(&quad, x_codes + level * k + column, sizeof quad);
-                x_quad[level] = vb_set1_i32(quad);
-            }
-            for (int v = 0; v < ROW_VECTORS; ++v) {
-                const vb weights = vb_load(codes + 64 * v);
-                for (int level = 0; level < 2; ++level)
-                    dots[level][v] = vi_dot4_add_signed(dots[level][v], weights, x_quad[level]);
+/*
+ * One tile of 64 output rows for `num_tokens` (<= TOKEN_GROUP) tokens; `out_rows` rows of each
+ * token's output row (`n` apart) are written. Token t's two code rows of k bytes start at
+ * x_codes + 2 t k. The tokens share each block's weight loads, and each token's result is the
+ * one it gets alone (see int4_linear.c's tile_matmul).
+ */
+static inline __attribute__((always_inline)) void tile_matmul(
+    const int8_t *tile_codes, const act_t *scales, int64_t k, const int8_t *x_codes,
+    const float *x_scales, act_t *out, int64_t n, int64_t out_rows, const int num_tokens) {
+    const int64_t blocks_per_token = k / BLOCK;
+    vf y[TOKEN_GROUP][ROW_VECTORS];
+    for (int t = 0; t < num_tokens; ++t)
+        for (int v = 0; v < ROW_VECTORS; ++v) y[t][v] = vf_zero();
+    for (int64_t block = 0; block < blocks_per_token; ++block) {
+        const int8_t *block_codes = tile_codes + block * BLOCK * TILE_ROWS;
+        for (int v = 0; v < ROW_VECTORS; ++v) {
+            vb weights[BLOCK / STEP];
+            for (int step = 0; step < BLOCK / STEP; ++step)
+                weights[step] = vb_load(block_codes + step * STEP * TILE_ROWS + 64 * v);
+            for (int t = 0; t < num_tokens; ++t) {
+                const int8_t *token_codes = x_codes + 2 * t * k + block * BLOCK;
+                vi dots[2];
+                for (int level = 0; level < 2; ++level) {
+                    dots[level] = vi_zero();
+                    for (int step = 0; step < BLOCK / STEP; ++step) {
+                        int32_t quad; /* NOTE: memcpy, not a cast: int8 codes read as int32 */
+                        memcpy(&quad, token_codes + level * k + step * STEP, sizeof quad);
+                        dots[level] =
+                            vi_dot4_add_signed(dots[level], weights[step], vb_set1_i32(quad));
+                    }
+                }
+                const float *token_scales = x_scales + 2 * (t * blocks_per_token + block);
+                y[t][v] = vf_fmadd(vf_set1(token_scales[0]), vi_to_vf(dots[0]),
+                                   vf_fmadd(vf_set1(token_scales[1]), vi_to_vf(dots[1]), y[t][v]));
             }
         }
-        const vf x_scale_hi = vf_set1(x_scales[2 * block]);
-        const vf x_scale_lo = vf_set1(x_scales[2 * block + 1]);
-        for (int v = 0; v < ROW_VECTORS; ++v)
-            y[v] = vf_fmadd(x_scale_hi, vi_to_vf(dots[0][v]),
-                            vf_fmadd(x_scale_lo, vi_to_vf(dots[1][v]), y[v]));
     }
-    for (int v = 0; v < ROW_VECTORS; ++v) {
-        const int64_t rows = out_rows - v * 16;
-        if (rows <= 0) break;
-        store_act_n(out + v * 16, vf_mul(y[v], load_act(scales + v * 16)), rows);
-    }
+    for (int t = 0; t < num_tokens; ++t)
+        for (int v = 0; v < ROW_VECTORS; ++v) {
+            const int64_t rows = out_rows - v * 16;
+            if (rows <= 0) break;
+            store_act_n(out + t * n + v * 16, vf_mul(y[t][v], load_act(scales + v * 16)), rows);
+        }
 }
 
 /*
@@ -75,18 +83,24 @@ int int8_linear(const act_t *x, const int8_t *codes, const act_t *scales, act_t 
     if (k % BLOCK || padded_n % TILE_ROWS || n > padded_n) return -1;
     const int64_t blocks_per_token = k / BLOCK;
     activation_codes x_codes;
-    if (activation_codes_make(x, m, k, &x_codes)) return -2;
+    if (activation_codes_make(x, m, k, num_threads, &x_codes)) return -2;
     const int64_t num_tiles = padded_n / TILE_ROWS;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads)
     for (int64_t tile = 0; tile < num_tiles; ++tile) {
         const int64_t row0 = tile * TILE_ROWS;
         const int64_t out_rows = n - row0 < TILE_ROWS ? n - row0 : TILE_ROWS;
         if (out_rows <= 0) continue;
-        /* NOTE: one token at a time: the tile (k * 64 bytes) stays in L2 between tokens. */
-        for (int64_t t = 0; t < m; ++t)
-            tile_matmul(codes + tile * TILE_ROWS * k, scales + row0, k,
-                        x_codes.codes + 2 * t * k, x_codes.scales + 2 * t * blocks_per_token,
-                        out + t * n + row0, out_rows);
+        /* NOTE: the tile (k * 64 bytes) stays in L2 while the tokens pass over it. */
+        const int8_t *tile_codes = codes + tile * TILE_ROWS * k;
+        int64_t t = 0;
+        for (; t + TOKEN_GROUP <= m; t += TOKEN_GROUP)
+            tile_matmul(tile_codes, scales + row0, k, x_codes.codes + 2 * t * k,
+                        x_codes.scales + 2 * t * blocks_per_token, out + t * n + row0, n,
+                        out_rows, TOKEN_GROUP);
+        for (; t < m; ++t)
+            tile_matmul(tile_codes, scales + row0, k, x_codes.codes + 2 * t * k,
+                        x_codes.scales + 2 * t * blocks_per_token, out + t * n + row0, n,
+                        out_rows, 1);
     }
     activation_codes_free(&x_codes);
     return 0;
