@@ -52,7 +52,10 @@ THREADS = ("adaptive", "fixed")
 NEIGHBOURS = ("none", "ingestion", "busy")
 NEIGHBOUR_ALONE_S = 4.0  # how long the neighbour's own rate is measured before the chat starts
 READY_TIMEOUT_S = 120.0
-BATCH = 32  # passages per embedding batch, as an ingestion sends them
+# Passages per embedding batch: small batches report progress often enough to see it during a
+# short chat, and more than inference/torch_threads.py's small batch, so they run as an
+# ingestion's do (niced, on a short-lived thread).
+BATCH = 12
 
 
 # ---- the neighbour process ----
@@ -65,7 +68,7 @@ def run_neighbour(kind: str) -> None:
 
         embedder = Embedder(None)
         rng = random.Random(0)
-        passages = [" ".join(rng.choice(WORDS) for _ in range(150)) for _ in range(BATCH)]
+        passages = [" ".join(rng.choice(WORDS) for _ in range(120)) for _ in range(BATCH)]
 
         def work() -> None:
             embedder.encode(passages)  # batches run niced on a short-lived thread

@@ -130,9 +130,10 @@ ENGINE_PROBE = (
     "import dataclasses, json, django; from django.conf import settings; django.setup(); "
     "from inference.engine import EngineConfig; "
     "print(json.dumps({'settings': [settings.CACHET_KV_CACHE_MB, settings.CACHET_TORCH_THREADS, "
-    "settings.CACHET_NATIVE_KERNELS, settings.CACHET_FUSED_DECODE], 'engine': "
+    "settings.CACHET_NATIVE_KERNELS, settings.CACHET_FUSED_DECODE, "
+    "settings.CACHET_ADAPTIVE_THREADS], 'engine': "
     "{f.name: f.default for f in dataclasses.fields(EngineConfig) if f.name in "
-    "('kv_cache_mb', 'num_threads', 'native_kernels', 'fused_decode')}}))"
+    "('kv_cache_mb', 'num_threads', 'native_kernels', 'fused_decode', 'adaptive_threads')}}))"
 )
 
 
@@ -147,8 +148,9 @@ def test_the_engine_settings_default_to_engine_configs_defaults(tmp_path: Path) 
         engine["num_threads"],
         engine["native_kernels"],
         engine["fused_decode"],
+        engine["adaptive_threads"],
     ]
-    assert loaded["settings"] == [512, 0, True, True]
+    assert loaded["settings"] == [512, 0, True, True, True]
 
 
 def test_the_engine_flags_are_read_from_the_environment(tmp_path: Path) -> None:
@@ -159,10 +161,12 @@ def test_the_engine_flags_are_read_from_the_environment(tmp_path: Path) -> None:
         "CACHET_TORCH_THREADS": "2",
         "CACHET_NATIVE_KERNELS": "0",
         "CACHET_FUSED_DECODE": "off",
+        "CACHET_ADAPTIVE_THREADS": "0",
     }
     result = run_with(environment, "-c", ENGINE_PROBE)
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1])["settings"] == [96, 2, False, False]
+    settings = json.loads(result.stdout.strip().splitlines()[-1])["settings"]
+    assert settings == [96, 2, False, False, False]
 
 
 def test_torch_threads_are_set_process_wide_when_configured(tmp_path: Path) -> None:

@@ -216,8 +216,10 @@ def test_the_process_wide_settings_reach_every_engine_config(settings, tmp_path:
     settings.CACHET_TORCH_THREADS = 1
     settings.CACHET_NATIVE_KERNELS = False
     settings.CACHET_FUSED_DECODE = False
+    settings.CACHET_ADAPTIVE_THREADS = False
     engine_config = ModelConfig(name="p").engine_config(tmp_path)
     assert (engine_config.native_kernels, engine_config.fused_decode) == (False, False)
+    assert engine_config.adaptive_threads is False
     assert engine_config.num_threads == 1
 
 

@@ -33,15 +33,23 @@ from inference.engine.kernels.weight_matmul import WeightMatmul
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
-# NOTE: up to here the kernel beats dequantizing + the bf16 GEMM. It unpacks each 64-row tile
-# once per token, so its time grows with the tokens while dequantizing is a fixed cost:
-# measured for [3072, 576] at 16 / 128 / 256 tokens, 0.22 / 1.6 / 3.1 ms against 2.2 / 2.6 /
-# 2.5 ms.
-MAX_TOKENS = 128
+# NOTE: up to here the kernel beats dequantizing (natively: `dequantize_transposed`) + the GEMM.
+# The kernel is compute-bound from ~8 tokens (each token's two activation codes cost their own
+# integer dot products, ~200 GMAC/s on 2 Zen 4 cores) while the bf16 GEMM reaches ~400; measured
+# there (python -m bench.quantized_matmul, Qwen2.5-1.5B's shapes) the two tie at 32 tokens and
+# dequantizing wins by 1.2-1.5x at 64-128 and 1.7-2x at 512.
+MAX_TOKENS = 32
 
 
 _matmul = KernelFunction(
     "int4_linear", "int4_linear", [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+)
+
+
+_dequantize = KernelFunction(
+    "int4_linear",
+    "int4_dequantize",
+    [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int],
 )
 
 
@@ -153,3 +161,37 @@ def int4_matmul(
         dtype=dtype,
         extra_sizes=(group_size,),
     )
+
+
+def dequantize_transposed(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor,
+    group_size: int,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+) -> torch.Tensor | None:
+    """Rows [start, end) of a packed int4 weight as W^T [K, end - start] in `dtype` (`start` a
+    multiple of 64), the same values as dequantizing with PyTorch ops, or None where the native
+    kernel cannot run (the caller then dequantizes with PyTorch ops)."""
+    kernel = _dequantize(dtype)
+    if kernel is None:
+        return None
+    padded_rows, half_cols = codes.shape
+    out = torch.empty(half_cols * 2, end - start, dtype=dtype)
+    status = kernel(
+        codes.data_ptr(),
+        scales.data_ptr(),
+        zero_points.data_ptr(),
+        out.data_ptr(),
+        start,
+        end - start,
+        padded_rows,
+        half_cols * 2,
+        group_size,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"int4_dequantize refused rows [{start}, {end}) (status {status})")
+    return out

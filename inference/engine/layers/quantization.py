@@ -45,7 +45,6 @@ import logging
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inference.engine.kernels import int4_linear as native_int4
@@ -132,12 +131,17 @@ class QuantizedLinear(nn.Module):
         rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
         rows -= rows % INT4_ROW_BLOCK
         if rows >= self.out_features:
-            return F.linear(x, self.dequantize_rows(0, self.out_features, x.dtype))
+            return torch.matmul(x, self.dequantize_rows_transposed(0, self.out_features, x.dtype))
         out = x.new_empty(x.shape[0], self.out_features)
         for start in range(0, self.out_features, rows):
             end = min(start + rows, self.out_features)
-            torch.matmul(x, self.dequantize_rows(start, end, x.dtype).T, out=out[:, start:end])
+            weight_t = self.dequantize_rows_transposed(start, end, x.dtype)
+            torch.matmul(x, weight_t, out=out[:, start:end])
         return out
+
+    def dequantize_rows_transposed(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        """W^T [in, end - start] for rows [start, end) (`start` a multiple of 64), any layout."""
+        return self.dequantize_rows(start, end, dtype).T
 
     def can_use_kernel(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
@@ -449,6 +453,17 @@ class Int4Linear(QuantizedLinear):
             return self._dequantize_native(codes, slice(start, end), dtype)
         codes = unpack_int4(self.weight_int4[start:block_end])[: end - start]
         return self._dequantize(codes, self.scales_and_zeros[:, start:end], dtype)
+
+    def dequantize_rows_transposed(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        # NOTE: the native format unpacks natively (the same values), already transposed; with
+        # PyTorch ops unpacking a large layer cost as much as the GEMM that follows.
+        if self.is_native and self.weight_int4.device.type == "cpu":
+            weight_t = native_int4.dequantize_transposed(
+                self.weight_int4, self.scales, self.zero_points, self.group_size, start, end, dtype
+            )
+            if weight_t is not None:
+                return weight_t
+        return self.dequantize_rows(start, end, dtype).T
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         flat_ids = row_ids.reshape(-1)

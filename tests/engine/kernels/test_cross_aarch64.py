@@ -465,6 +465,29 @@ def test_the_neon_int4_matmul_matches_the_dequantized_weights_at_both_levels_und
     )
 
 
+def test_the_neon_int4_dequantization_gives_pytorchs_values_transposed_under_qemu(
+    neon_builds, tmp_path, dtype
+):
+    out_features, in_features, group_size, row0 = 200, 128, 64, 64
+    weight = random(out_features, in_features, seed=3, dtype=torch.float32, scale=0.05)
+    weight = int4_weight(weight, group_size)
+    num_rows = out_features - row0  # ends inside a tile
+    expected = weight.dequantized[row0:].to(dtype).T
+    for level in NEON_LEVELS:
+        result = neon_builds[build_name(level, dtype)].run(
+            "int4_dequantize",
+            tmp_path / level.name,
+            weight.arrays("weight"),
+            {"out": (dtype, (in_features, num_rows))},
+            row0=row0,
+            num_rows=num_rows,
+            padded_n=weight.parts["codes"].shape[0],
+            k=in_features,
+            group_size=group_size,
+        )
+        assert torch.equal(result["out"], expected)
+
+
 @pytest.mark.parametrize(
     ("out_features", "in_features", "num_tokens"), [(192, 256, 1), (100, 128, 3), (64, 32, 5)]
 )

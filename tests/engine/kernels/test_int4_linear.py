@@ -95,6 +95,20 @@ def test_tokens_of_one_step_get_the_outputs_they_get_alone(num_tokens, isa_level
 
 
 @needs_kernel
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "group_size", "start", "end"),
+    [(192, 256, 32, 0, 192), (300, 576, 64, 64, 300), (3072, 1536, 128, 1024, 1100)],
+)
+def test_native_dequantization_gives_pytorchs_values_transposed(
+    out_features, in_features, group_size, start, end, isa_level, dtype
+):
+    layer = int4_layer(out_features, in_features, group_size, dtype=dtype)
+    weight_t = layer.dequantize_rows_transposed(start, end, dtype)
+    assert weight_t.is_contiguous()  # the kernel's, not a view of PyTorch's rows
+    assert torch.equal(weight_t, layer.dequantize_rows(start, end, dtype).T)
+
+
+@needs_kernel
 def test_the_layer_adds_its_bias_and_falls_back_above_the_kernels_token_limit(isa_level, dtype):
     layer = int4_layer(128, 64, 32, bias=True, dtype=dtype)
     for num_tokens in (1, MAX_TOKENS + 1):

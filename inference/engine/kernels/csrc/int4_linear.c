@@ -146,3 +146,51 @@ int int4_linear(const act_t *x, const uint8_t *codes, const uint16_t *scales,
     activation_codes_free(&x_codes);
     return 0;
 }
+
+/*
+ * Rows [row0, row0 + num_rows) of the weight (row0 a multiple of 64), dequantized as
+ * Int4Linear._dequantize_native does, w = (q - z / 16) s in float32 rounded once to act_t (the
+ * same values bit for bit), into out [k][num_rows]: transposed, so that each 64-byte load of a
+ * tile (16 rows x 8 columns) gives 8 columns of 16 consecutive rows, stored as 8 vectors.
+ * For steps too large for the kernel above (compute-bound at ~2x the GEMM's time), which then
+ * run PyTorch's GEMM on the result: unpacking with PyTorch ops cost as much as the GEMM itself.
+ * Returns 0, or -1 for shapes the layout does not have.
+ */
+int int4_dequantize(const uint8_t *codes, const uint16_t *scales, const uint8_t *zero_points,
+                    act_t *out, int64_t row0, int64_t num_rows, int64_t padded_n, int64_t k,
+                    int64_t group_size, int num_threads) {
+    if (k % STEP || group_size % STEP || row0 % TILE_ROWS || row0 + num_rows > padded_n)
+        return -1;
+    const int64_t first_tile = row0 / TILE_ROWS;
+    const int64_t num_tiles = (num_rows + TILE_ROWS - 1) / TILE_ROWS;
+    const vf sixteenth = vf_set1(1.0f / 16.0f);
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+        for (int64_t group = 0; group < k / group_size; ++group) {
+            const int64_t tile_row = (first_tile + tile) * TILE_ROWS;
+            const uint8_t *tile_codes = codes + tile_row * k / 2;
+            for (int v = 0; v < ROW_VECTORS; ++v) {
+                const int64_t out_row = tile * TILE_ROWS + v * 16; /* of out's num_rows */
+                if (out_row >= num_rows) break;
+                const int64_t rows = num_rows - out_row < 16 ? num_rows - out_row : 16;
+                const int64_t meta = group * padded_n + tile_row + v * 16;
+                const vf scale = vf_load_bf16(scales + meta);
+                const vf offset = vf_mul(vf_load_u8(zero_points + meta), sixteenth);
+                for (int64_t step = group * group_size / STEP;
+                     step < (group + 1) * group_size / STEP; ++step) {
+                    const vb packed = vb_load(tile_codes + step * STEP * TILE_ROWS / 2 + 64 * v);
+                    const vb nibbles[2] = {vb_low_nibbles(packed), vb_high_nibbles(packed)};
+                    for (int half = 0; half < 2; ++half)
+                        for (int byte = 0; byte < 4; ++byte) {
+                            /* NOTE: (q - z/16) is exact in float32; one rounding, at s */
+                            const vf w = vf_mul(
+                                vf_sub(vb_lane_byte_to_vf(nibbles[half], byte), offset), scale);
+                            const int64_t column = step * STEP + half * 4 + byte;
+                            store_act_n(out + column * num_rows + out_row, w, rows);
+                        }
+                }
+            }
+        }
+    }
+    return 0;
+}

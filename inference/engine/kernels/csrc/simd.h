@@ -128,6 +128,11 @@ static inline vb vb_low_nibbles(vb x) { return _mm512_and_si512(x, _mm512_set1_e
 static inline vb vb_high_nibbles(vb x) {
     return _mm512_and_si512(_mm512_srli_epi16(x, 4), _mm512_set1_epi8(0x0f));
 }
+/* byte `byte` (0-3) of each of the 16 int32 lanes, unsigned, as floats */
+static inline vf vb_lane_byte_to_vf(vb x, int byte) {
+    const __m512i shifted = _mm512_srl_epi32(x, _mm_cvtsi32_si128(8 * byte));
+    return _mm512_cvtepi32_ps(_mm512_and_si512(shifted, _mm512_set1_epi32(0xff)));
+}
 /* lane i += sum of the 4 products u[4i + j] s[4i + j], u unsigned bytes below 128, s signed */
 static inline vi vi_dot4_add(vi acc, vb u, vb s) {
 #ifdef __AVX512VNNI__
@@ -302,6 +307,11 @@ static inline vb vb_high_nibbles(vb x) {
              _mm256_and_si256(_mm256_srli_epi16(x.h[1], 4), nibble)}};
     return r;
 }
+static inline vf vb_lane_byte_to_vf(vb x, int byte) {
+    const __m128i count = _mm_cvtsi32_si128(8 * byte);
+    VF_MAP1(_mm256_cvtepi32_ps(
+        _mm256_and_si256(_mm256_srl_epi32(x.h[i], count), _mm256_set1_epi32(0xff))));
+}
 static inline vi vi_dot4_add(vi acc, vb u, vb s) {
     /* NOTE: exact: the pair sums stay within int16 for u < 128 and |s| <= 127 */
     const __m256i ones = _mm256_set1_epi16(1);
@@ -458,6 +468,11 @@ static inline vb vb_low_nibbles(vb x) {
 static inline vb vb_high_nibbles(vb x) {
     for (int i = 0; i < 4; ++i) x.q[i] = vshrq_n_u8(x.q[i], 4);
     return x;
+}
+static inline vf vb_lane_byte_to_vf(vb x, int byte) {
+    /* a negative count shifts right */
+    VF_MAP1(vcvtq_f32_u32(vandq_u32(vshlq_u32(vreinterpretq_u32_u8(x.q[i]), vdupq_n_s32(-8 * byte)),
+                                    vdupq_n_u32(0xff))));
 }
 static inline vi vi_dot4_add(vi acc, vb u, vb s) {
     /* u < 128, so its bytes are the same numbers read as signed */

@@ -5,7 +5,7 @@
  *
  *   kernel_driver KERNEL DIR [NAME=VALUE ...]
  *
- * KERNEL: rms_norm, silu_and_mul, rotary_store, int4_linear, int8_linear,
+ * KERNEL: rms_norm, silu_and_mul, rotary_store, int4_linear, int4_dequantize, int8_linear,
  * paged_decode_attention or decode_layers. NAME=VALUE: the kernel's sizes and float parameters
  * (C syntax: strtod, so Python's float.hex() passes a value exactly) and `threads`.
  *
@@ -222,6 +222,18 @@ static int run_int4_linear(int threads) {
     return status;
 }
 
+static int run_int4_dequantize(int threads) {
+    const int64_t row0 = size_arg("row0"), num_rows = size_arg("num_rows");
+    const int64_t padded_n = size_arg("padded_n"), k = size_arg("k");
+    const int64_t group_size = size_arg("group_size");
+    const int4_weight weight = read_int4_weight("weight", padded_n, k, group_size);
+    act_t *out = fresh(acts(k * num_rows));
+    const int status = int4_dequantize(weight.codes, weight.scales, weight.zero_points, out,
+                                       row0, num_rows, padded_n, k, group_size, threads);
+    put("out", out, acts(k * num_rows));
+    return status;
+}
+
 /* An int8 weight's arrays: NAME.codes (int8_linear.c's layout), NAME.scales (act_t). */
 typedef struct {
     const int8_t *codes;
@@ -395,6 +407,8 @@ int main(int argc, char **argv) {
         status = run_rotary_store(threads);
     else if (!strcmp(kernel, "int4_linear"))
         status = run_int4_linear(threads);
+    else if (!strcmp(kernel, "int4_dequantize"))
+        status = run_int4_dequantize(threads);
     else if (!strcmp(kernel, "int8_linear"))
         status = run_int8_linear(threads);
     else if (!strcmp(kernel, "paged_decode_attention"))
