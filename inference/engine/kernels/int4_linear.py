@@ -35,10 +35,10 @@ TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
 # NOTE: up to here the kernel beats dequantizing (natively: `dequantize_transposed`) + the GEMM.
 # The kernel is compute-bound from ~8 tokens (each token's two activation codes cost their own
-# integer dot products, ~200 GMAC/s on 2 Zen 4 cores) while the bf16 GEMM reaches ~400; measured
-# there (python -m bench.quantized_matmul, Qwen2.5-1.5B's shapes) the two tie at 32 tokens and
-# dequantizing wins by 1.2-1.5x at 64-128 and 1.7-2x at 512.
-MAX_TOKENS = 32
+# integer dot products: ~250 GMAC/s on 2 Zen 4 cores) while the bf16 GEMM reaches ~400; measured
+# there (python -m bench.quantized_matmul, Qwen2.5-1.5B's shapes) the two tie at 128 tokens and
+# dequantizing wins by 1.2-2x at 512.
+MAX_TOKENS = 128
 
 
 _matmul = KernelFunction(

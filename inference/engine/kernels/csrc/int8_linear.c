@@ -28,13 +28,55 @@
 #define STEP 4 /* columns per 64-byte load of a row vector */
 #define TOKEN_GROUP 4 /* tokens that share a pass over a tile */
 
+/* One tile of 64 output rows for one token; `out_rows` rows are written. Decodes and the tokens
+ * a step has beyond its groups of TOKEN_GROUP run this: each step's broadcast codes serve every
+ * row vector (tile_matmul_group with one token measured 0.8-0.9x its speed on Zen 4). */
+static inline void tile_matmul_one(const int8_t *tile_codes, const act_t *scales, int64_t k,
+                                   const int8_t *x_codes, const float *x_scales, act_t *out,
+                                   int64_t out_rows) {
+    vf y[ROW_VECTORS];
+    for (int v = 0; v < ROW_VECTORS; ++v) y[v] = vf_zero();
+    for (int64_t block = 0; block < k / BLOCK; ++block) {
+        vi dots[2][ROW_VECTORS];
+        for (int level = 0; level < 2; ++level)
+            for (int v = 0; v < ROW_VECTORS; ++v) dots[level][v] = vi_zero();
+        for (int step = 0; step < BLOCK / STEP; ++step) {
+            const int64_t column = block * BLOCK + step * STEP;
+            const int8_t *codes = tile_codes + column * TILE_ROWS;
+            vb x_quad[2];
+            for (int level = 0; level < 2; ++level) {
+                int32_t quad; /* NOTE: memcpy, not a cast: int8 codes read as int32 */
+                memcpy(&quad, x_codes + level * k + column, sizeof quad);
+                x_quad[level] = vb_set1_i32(quad);
+            }
+            for (int v = 0; v < ROW_VECTORS; ++v) {
+                const vb weights = vb_load(codes + 64 * v);
+                for (int level = 0; level < 2; ++level)
+                    dots[level][v] = vi_dot4_add_signed(dots[level][v], weights, x_quad[level]);
+            }
+        }
+        const vf x_scale_hi = vf_set1(x_scales[2 * block]);
+        const vf x_scale_lo = vf_set1(x_scales[2 * block + 1]);
+        for (int v = 0; v < ROW_VECTORS; ++v)
+            y[v] = vf_fmadd(x_scale_hi, vi_to_vf(dots[0][v]),
+                            vf_fmadd(x_scale_lo, vi_to_vf(dots[1][v]), y[v]));
+    }
+    for (int v = 0; v < ROW_VECTORS; ++v) {
+        const int64_t rows = out_rows - v * 16;
+        if (rows <= 0) break;
+        store_act_n(out + v * 16, vf_mul(y[v], load_act(scales + v * 16)), rows);
+    }
+}
+
 /*
  * One tile of 64 output rows for `num_tokens` (<= TOKEN_GROUP) tokens; `out_rows` rows of each
  * token's output row (`n` apart) are written. Token t's two code rows of k bytes start at
- * x_codes + 2 t k. The tokens share each block's weight loads, and each token's result is the
- * one it gets alone (see int4_linear.c's tile_matmul).
+ * x_codes + 2 t k. The tokens share each block's weight loads (Zen 4, both interleaved on the
+ * 1.5B's shapes: 1.1-1.2x faster than tile_matmul_one from 8 to 128 tokens), and each token's
+ * result is the one it gets alone: the same integer dot products and float operations in the
+ * same order.
  */
-static inline __attribute__((always_inline)) void tile_matmul(
+static inline __attribute__((always_inline)) void tile_matmul_group(
     const int8_t *tile_codes, const act_t *scales, int64_t k, const int8_t *x_codes,
     const float *x_scales, act_t *out, int64_t n, int64_t out_rows, const int num_tokens) {
     const int64_t blocks_per_token = k / BLOCK;
@@ -94,13 +136,13 @@ int int8_linear(const act_t *x, const int8_t *codes, const act_t *scales, act_t 
         const int8_t *tile_codes = codes + tile * TILE_ROWS * k;
         int64_t t = 0;
         for (; t + TOKEN_GROUP <= m; t += TOKEN_GROUP)
-            tile_matmul(tile_codes, scales + row0, k, x_codes.codes + 2 * t * k,
-                        x_codes.scales + 2 * t * blocks_per_token, out + t * n + row0, n,
-                        out_rows, TOKEN_GROUP);
+            tile_matmul_group(tile_codes, scales + row0, k, x_codes.codes + 2 * t * k,
+                              x_codes.scales + 2 * t * blocks_per_token, out + t * n + row0, n,
+                              out_rows, TOKEN_GROUP);
         for (; t < m; ++t)
-            tile_matmul(tile_codes, scales + row0, k, x_codes.codes + 2 * t * k,
-                        x_codes.scales + 2 * t * blocks_per_token, out + t * n + row0, n,
-                        out_rows, 1);
+            tile_matmul_one(tile_codes, scales + row0, k, x_codes.codes + 2 * t * k,
+                            x_codes.scales + 2 * t * blocks_per_token, out + t * n + row0,
+                            out_rows);
     }
     activation_codes_free(&x_codes);
     return 0;
