@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             min_seconds=0.02 if args.smoke else MIN_SECONDS,
         )
 
-    return run_cli(run, as_json=args.json, format_report=format_table, num_errors=lambda _: 0)
+    return run_cli(run, as_json=args.json, format_report=format_table)
 
 
 if __name__ == "__main__":

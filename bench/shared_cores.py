@@ -303,12 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             smoke=args.smoke,
         )
 
-    return run_cli(
-        run,
-        as_json=args.json,
-        format_report=format_table,
-        num_errors=lambda report: sum("error" in row for row in report["results"]),
-    )
+    return run_cli(run, as_json=args.json, format_report=format_table)
 
 
 if __name__ == "__main__":

@@ -50,12 +50,18 @@ def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def rows_with_errors(report: dict) -> int:
+    """How many of a report's result rows carry an "error" (a configuration that could not run
+    keeps its row, with the reason)."""
+    return sum("error" in row for row in report["results"])
+
+
 def run_cli(
     run: Callable[[], dict],
     *,
     as_json: bool,
     format_report: Callable[[dict], str],
-    num_errors: Callable[[dict], int],
+    num_errors: Callable[[dict], int] = rows_with_errors,
 ) -> int:
     """Run a command and print its report (JSON or a table); the exit status.
 
