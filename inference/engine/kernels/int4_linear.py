@@ -29,7 +29,7 @@ import ctypes
 import torch
 
 from inference.engine.kernels import KernelFunction, require
-from inference.engine.kernels.weight_matmul import WeightMatmul
+from inference.engine.kernels.weight_matmul import WeightMatmul, dequantize_packed_transposed
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -178,20 +178,13 @@ def dequantize_transposed(
     kernel = _dequantize(dtype)
     if kernel is None:
         return None
-    padded_rows, half_cols = codes.shape
-    out = torch.empty(half_cols * 2, end - start, dtype=dtype)
-    status = kernel(
-        codes.data_ptr(),
-        scales.data_ptr(),
-        zero_points.data_ptr(),
-        out.data_ptr(),
-        start,
-        end - start,
-        padded_rows,
-        half_cols * 2,
-        group_size,
-        torch.get_num_threads(),
+    return dequantize_packed_transposed(
+        kernel,
+        (codes, scales, zero_points),
+        name="int4",
+        start=start,
+        end=end,
+        in_features=codes.shape[1] * 2,
+        dtype=dtype,
+        extra_sizes=(group_size,),
     )
-    if status != 0:
-        raise RuntimeError(f"int4_dequantize refused rows [{start}, {end}) (status {status})")
-    return out

@@ -20,7 +20,7 @@ import ctypes
 import torch
 
 from inference.engine.kernels import KernelFunction, require
-from inference.engine.kernels.weight_matmul import WeightMatmul
+from inference.engine.kernels.weight_matmul import WeightMatmul, dequantize_packed_transposed
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -30,6 +30,9 @@ MAX_TOKENS = 128
 
 _matmul = KernelFunction(
     "int8_linear", "int8_linear", [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+)
+_dequantize = KernelFunction(
+    "int8_linear", "int8_dequantize", [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
 )
 
 
@@ -89,5 +92,25 @@ def int8_matmul(
         in_features=codes.shape[1],
         out_features=out_features,
         padded_out_features=codes.shape[0],
+        dtype=dtype,
+    )
+
+
+def dequantize_transposed(
+    codes: torch.Tensor, scales: torch.Tensor, start: int, end: int, dtype: torch.dtype
+) -> torch.Tensor | None:
+    """Rows [start, end) of a packed int8 weight (scales of `dtype`) as W^T [K, end - start]
+    (`start` a multiple of 64), the same values as dequantizing with PyTorch ops, or None where
+    the native kernel cannot run."""
+    kernel = _dequantize(dtype)
+    if kernel is None or scales.dtype != dtype:
+        return None
+    return dequantize_packed_transposed(
+        kernel,
+        (codes, scales),
+        name="int8",
+        start=start,
+        end=end,
+        in_features=codes.shape[1],
         dtype=dtype,
     )

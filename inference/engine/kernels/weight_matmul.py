@@ -1,5 +1,6 @@
-"""The call of a native quantized matmul (int4_linear.c, int8_linear.c): x times a weight the
-kernel holds in its own layout, checked before the kernel reads anything."""
+"""The calls of the native quantized kernels (int4_linear.c, int8_linear.c): x times a weight
+the kernel holds in its own layout, checked before the kernel reads anything, and the weight's
+rows dequantized from that layout."""
 
 from __future__ import annotations
 
@@ -60,3 +61,33 @@ class WeightMatmul:
                 f"{self.in_features}] weight (status {status})"
             )
         return out
+
+
+def dequantize_packed_transposed(
+    kernel: Callable[..., int],
+    weights: tuple[torch.Tensor, ...],
+    *,
+    name: str,
+    start: int,
+    end: int,
+    in_features: int,
+    dtype: torch.dtype,
+    extra_sizes: tuple[int, ...] = (),
+) -> torch.Tensor:
+    """Rows [start, end) of a packed weight (`start` a multiple of 64) as W^T [in_features,
+    end - start] of `dtype`. The kernels share one signature: (*weight pointers, out, first row,
+    number of rows, padded rows, k, *extra sizes, num_threads)."""
+    out = torch.empty(in_features, end - start, dtype=dtype)
+    status = kernel(
+        *(weight.data_ptr() for weight in weights),
+        out.data_ptr(),
+        start,
+        end - start,
+        weights[0].shape[0],
+        in_features,
+        *extra_sizes,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"{name}_dequantize refused rows [{start}, {end}) (status {status})")
+    return out

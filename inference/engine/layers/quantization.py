@@ -255,6 +255,16 @@ class Int8Linear(QuantizedLinear):
             codes = self.weight_int8[start:end].to(dtype)
         return codes.mul_(self.scales[start:end, None].to(dtype))
 
+    def dequantize_rows_transposed(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+        # NOTE: as Int4Linear's: the same values, unpacked natively and already transposed
+        if self.is_native and self.weight_int8.device.type == "cpu":
+            weight_t = native_int8.dequantize_transposed(
+                self.weight_int8, self.scales, start, end, dtype
+            )
+            if weight_t is not None:
+                return weight_t
+        return self.dequantize_rows(start, end, dtype).T
+
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.is_native:
             flat_ids = row_ids.reshape(-1)

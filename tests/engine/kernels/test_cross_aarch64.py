@@ -488,6 +488,28 @@ def test_the_neon_int4_dequantization_gives_pytorchs_values_transposed_under_qem
         assert torch.equal(result["out"], expected)
 
 
+def test_the_neon_int8_dequantization_gives_pytorchs_values_transposed_under_qemu(
+    neon_builds, tmp_path, dtype
+):
+    out_features, in_features, row0 = 200, 128, 64
+    weight = random(out_features, in_features, seed=4, dtype=torch.float32, scale=0.05)
+    weight = int8_weight(weight.to(dtype), dtype)
+    num_rows = out_features - row0  # ends inside a tile
+    expected = weight.dequantized[row0:].to(dtype).T
+    for level in NEON_LEVELS:
+        result = neon_builds[build_name(level, dtype)].run(
+            "int8_dequantize",
+            tmp_path / level.name,
+            weight.arrays("weight"),
+            {"out": (dtype, (in_features, num_rows))},
+            row0=row0,
+            num_rows=num_rows,
+            padded_n=weight.parts["codes"].shape[0],
+            k=in_features,
+        )
+        assert torch.equal(result["out"], expected)
+
+
 @pytest.mark.parametrize(
     ("out_features", "in_features", "num_tokens"), [(192, 256, 1), (100, 128, 3), (64, 32, 5)]
 )

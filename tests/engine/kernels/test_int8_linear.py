@@ -85,6 +85,20 @@ def test_tokens_of_one_step_get_the_outputs_they_get_alone(num_tokens, isa_level
 
 
 @needs_kernel
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "start", "end"),
+    [(192, 256, 0, 192), (300, 576, 64, 300), (3072, 1536, 1024, 1100)],
+)
+def test_native_dequantization_gives_pytorchs_values_transposed(
+    out_features, in_features, start, end, isa_level, dtype
+):
+    layer = int8_layer(out_features, in_features, dtype=dtype)
+    weight_t = layer.dequantize_rows_transposed(start, end, dtype)
+    assert weight_t.is_contiguous()  # the kernel's, not a view of PyTorch's rows
+    assert torch.equal(weight_t, layer.dequantize_rows(start, end, dtype).T)
+
+
+@needs_kernel
 def test_the_layer_adds_its_bias_and_falls_back_above_the_kernels_token_limit(isa_level, dtype):
     layer = int8_layer(128, 64, bias=True, dtype=dtype)
     weights = layer.dequantize_rows(0, 128, torch.float32)

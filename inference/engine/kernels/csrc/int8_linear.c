@@ -147,3 +147,40 @@ int int8_linear(const act_t *x, const int8_t *codes, const act_t *scales, act_t 
     activation_codes_free(&x_codes);
     return 0;
 }
+
+/*
+ * Rows [row0, row0 + num_rows) of the weight (row0 a multiple of 64), dequantized as
+ * Int8Linear.dequantize_rows does, w = q s rounded once to act_t (the same values bit for bit:
+ * the product of an int8 code and a bf16 scale is exact in float32), into out [k][num_rows]:
+ * transposed, as int4_linear.c's int4_dequantize and for the same reason (steps above the
+ * kernel's token limit run PyTorch's GEMM on it). Returns 0, or -1 for shapes the layout does
+ * not have.
+ */
+int int8_dequantize(const int8_t *codes, const act_t *scales, act_t *out, int64_t row0,
+                    int64_t num_rows, int64_t padded_n, int64_t k, int num_threads) {
+    if (k % BLOCK || row0 % TILE_ROWS || row0 + num_rows > padded_n) return -1;
+    const int64_t first_tile = row0 / TILE_ROWS;
+    const int64_t num_tiles = (num_rows + TILE_ROWS - 1) / TILE_ROWS;
+#pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
+    for (int64_t tile = 0; tile < num_tiles; ++tile) {
+        for (int64_t block = 0; block < k / BLOCK; ++block) {
+            const int64_t tile_row = (first_tile + tile) * TILE_ROWS;
+            const int8_t *block_codes = codes + tile_row * k + block * BLOCK * TILE_ROWS;
+            for (int v = 0; v < ROW_VECTORS; ++v) {
+                const int64_t out_row = tile * TILE_ROWS + v * 16; /* of out's num_rows */
+                if (out_row >= num_rows) break;
+                const int64_t rows = num_rows - out_row < 16 ? num_rows - out_row : 16;
+                const vf scale = load_act(scales + tile_row + v * 16);
+                for (int step = 0; step < BLOCK / STEP; ++step) {
+                    const vb packed = vb_load(block_codes + step * STEP * TILE_ROWS + 64 * v);
+                    for (int byte = 0; byte < STEP; ++byte) {
+                        const int64_t column = block * BLOCK + step * STEP + byte;
+                        store_act_n(out + column * num_rows + out_row,
+                                    vf_mul(vb_lane_sbyte_to_vf(packed, byte), scale), rows);
+                    }
+                }
+            }
+        }
+    }
+    return 0;
+}

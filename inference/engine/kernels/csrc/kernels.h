@@ -30,6 +30,8 @@ int int4_dequantize(const uint8_t *codes, const uint16_t *scales, const uint8_t 
                     int64_t group_size, int num_threads);
 int int8_linear(const act_t *x, const int8_t *codes, const act_t *scales, act_t *out, int64_t m,
                 int64_t n, int64_t padded_n, int64_t k, int num_threads);
+int int8_dequantize(const int8_t *codes, const act_t *scales, act_t *out, int64_t row0,
+                    int64_t num_rows, int64_t padded_n, int64_t k, int num_threads);
 int silu_and_mul(const act_t *gate_up, act_t *out, int64_t rows, int64_t width, int num_threads);
 
 /* bf16 only, with AMX (linear_bf16.c) */

@@ -133,6 +133,11 @@ static inline vf vb_lane_byte_to_vf(vb x, int byte) {
     const __m512i shifted = _mm512_srl_epi32(x, _mm_cvtsi32_si128(8 * byte));
     return _mm512_cvtepi32_ps(_mm512_and_si512(shifted, _mm512_set1_epi32(0xff)));
 }
+/* the same, the byte read as signed */
+static inline vf vb_lane_sbyte_to_vf(vb x, int byte) {
+    const __m512i high = _mm512_sll_epi32(x, _mm_cvtsi32_si128(24 - 8 * byte));
+    return _mm512_cvtepi32_ps(_mm512_srai_epi32(high, 24));
+}
 /* lane i += sum of the 4 products u[4i + j] s[4i + j], u unsigned bytes below 128, s signed */
 static inline vi vi_dot4_add(vi acc, vb u, vb s) {
 #ifdef __AVX512VNNI__
@@ -312,6 +317,10 @@ static inline vf vb_lane_byte_to_vf(vb x, int byte) {
     VF_MAP1(_mm256_cvtepi32_ps(
         _mm256_and_si256(_mm256_srl_epi32(x.h[i], count), _mm256_set1_epi32(0xff))));
 }
+static inline vf vb_lane_sbyte_to_vf(vb x, int byte) {
+    const __m128i count = _mm_cvtsi32_si128(24 - 8 * byte);
+    VF_MAP1(_mm256_cvtepi32_ps(_mm256_srai_epi32(_mm256_sll_epi32(x.h[i], count), 24)));
+}
 static inline vi vi_dot4_add(vi acc, vb u, vb s) {
     /* NOTE: exact: the pair sums stay within int16 for u < 128 and |s| <= 127 */
     const __m256i ones = _mm256_set1_epi16(1);
@@ -473,6 +482,11 @@ static inline vf vb_lane_byte_to_vf(vb x, int byte) {
     /* a negative count shifts right */
     VF_MAP1(vcvtq_f32_u32(vandq_u32(vshlq_u32(vreinterpretq_u32_u8(x.q[i]), vdupq_n_s32(-8 * byte)),
                                     vdupq_n_u32(0xff))));
+}
+static inline vf vb_lane_sbyte_to_vf(vb x, int byte) {
+    const int32x4_t count = vdupq_n_s32(24 - 8 * byte);
+    VF_MAP1(vcvtq_f32_s32(
+        vshrq_n_s32(vshlq_s32(vreinterpretq_s32_u8(x.q[i]), count), 24)));
 }
 static inline vi vi_dot4_add(vi acc, vb u, vb s) {
     /* u < 128, so its bytes are the same numbers read as signed */

@@ -6,8 +6,9 @@
  *   kernel_driver KERNEL DIR [NAME=VALUE ...]
  *
  * KERNEL: rms_norm, silu_and_mul, rotary_store, int4_linear, int4_dequantize, int8_linear,
- * paged_decode_attention or decode_layers. NAME=VALUE: the kernel's sizes and float parameters
- * (C syntax: strtod, so Python's float.hex() passes a value exactly) and `threads`.
+ * int8_dequantize, paged_decode_attention or decode_layers. NAME=VALUE: the kernel's sizes and
+ * float parameters (C syntax: strtod, so Python's float.hex() passes a value exactly) and
+ * `threads`.
  *
  * Each array argument NAME is read from the file DIR/NAME (raw bytes, the machine's byte
  * order; act_t arrays in this build's activation type); its size must be exactly what the sizes
@@ -250,6 +251,17 @@ static int8_weight read_int8_weight(const char *name, int64_t padded_n, int64_t 
     return weight;
 }
 
+static int run_int8_dequantize(int threads) {
+    const int64_t row0 = size_arg("row0"), num_rows = size_arg("num_rows");
+    const int64_t padded_n = size_arg("padded_n"), k = size_arg("k");
+    const int8_weight weight = read_int8_weight("weight", padded_n, k);
+    act_t *out = fresh(acts(k * num_rows));
+    const int status =
+        int8_dequantize(weight.codes, weight.scales, out, row0, num_rows, padded_n, k, threads);
+    put("out", out, acts(k * num_rows));
+    return status;
+}
+
 static int run_int8_linear(int threads) {
     const int64_t m = size_arg("m"), n = size_arg("n"), padded_n = size_arg("padded_n");
     const int64_t k = size_arg("k");
@@ -409,6 +421,8 @@ int main(int argc, char **argv) {
         status = run_int4_linear(threads);
     else if (!strcmp(kernel, "int4_dequantize"))
         status = run_int4_dequantize(threads);
+    else if (!strcmp(kernel, "int8_dequantize"))
+        status = run_int8_dequantize(threads);
     else if (!strcmp(kernel, "int8_linear"))
         status = run_int8_linear(threads);
     else if (!strcmp(kernel, "paged_decode_attention"))
