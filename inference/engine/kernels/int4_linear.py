@@ -35,10 +35,12 @@ TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
 # NOTE: up to here the kernel beats dequantizing (natively: `dequantize_transposed`) + the GEMM.
 # The kernel is compute-bound from ~8 tokens (each token's two activation codes cost their own
-# integer dot products: ~250 GMAC/s on 2 Zen 4 cores) while the bf16 GEMM reaches ~400; measured
-# there (python -m bench.quantized_matmul, Qwen2.5-1.5B's shapes) the two tie at 128 tokens and
-# dequantizing wins by 1.2-2x at 512.
-MAX_TOKENS = 128
+# integer dot products: ~200-270 GMAC/s on 2 Zen 4 cores) while the bf16 GEMM reaches ~400;
+# the two interleaved in one process on Qwen2.5-1.5B's shapes (Zen 4, bf16), kernel time over
+# dequantize + GEMM: 0.4-0.5 at 32-64 tokens, 0.64-0.78 at 128, 0.85-0.93 at 256; at 512 the
+# GEMM path wins by 1.2-1.5x (python -m bench.quantized_matmul). Measured on that CPU class
+# only, not yet on a float32 AVX2 machine.
+MAX_TOKENS = 256
 
 
 _matmul = KernelFunction(

@@ -25,8 +25,11 @@ from inference.engine.kernels.weight_matmul import WeightMatmul, dequantize_pack
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
 STEP = 4  # columns per row and step (csrc: STEP)
-# NOTE: as the int4 kernel's: past this many tokens a step dequantizes and runs the GEMM.
-MAX_TOKENS = 128
+# NOTE: as the int4 kernel's: past this many tokens a step dequantizes (natively) and runs the
+# GEMM. Interleaved in one process on Qwen2.5-1.5B's shapes (Zen 4, bf16), kernel time over
+# dequantize + GEMM: 0.68-0.82 at 32 tokens, 0.72-0.99 at 64, 0.87-1.29 at 128, 1.12-1.6 at
+# 256. Without the int8 codes' unpacking to share, it is slower per token than the int4 kernel.
+MAX_TOKENS = 64
 
 _matmul = KernelFunction(
     "int8_linear", "int8_linear", [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
