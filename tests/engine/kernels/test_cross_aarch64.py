@@ -465,17 +465,19 @@ def test_the_neon_int4_matmul_matches_the_dequantized_weights_at_both_levels_und
     )
 
 
-def test_the_neon_int4_dequantization_gives_pytorchs_values_transposed_under_qemu(
-    neon_builds, tmp_path, dtype
+@pytest.mark.parametrize("bits", [4, 8])
+def test_the_neon_dequantization_gives_pytorchs_values_transposed_under_qemu(
+    neon_builds, tmp_path, dtype, bits
 ):
     out_features, in_features, group_size, row0 = 200, 128, 64, 64
-    weight = random(out_features, in_features, seed=3, dtype=torch.float32, scale=0.05)
-    weight = int4_weight(weight, group_size)
+    floats = random(out_features, in_features, seed=bits, dtype=torch.float32, scale=0.05)
+    weight = int4_weight(floats, group_size) if bits == 4 else int8_weight(floats.to(dtype), dtype)
     num_rows = out_features - row0  # ends inside a tile
     expected = weight.dequantized[row0:].to(dtype).T
+    group = {"group_size": group_size} if bits == 4 else {}
     for level in NEON_LEVELS:
         result = neon_builds[build_name(level, dtype)].run(
-            "int4_dequantize",
+            f"int{bits}_dequantize",
             tmp_path / level.name,
             weight.arrays("weight"),
             {"out": (dtype, (in_features, num_rows))},
@@ -483,29 +485,7 @@ def test_the_neon_int4_dequantization_gives_pytorchs_values_transposed_under_qem
             num_rows=num_rows,
             padded_n=weight.parts["codes"].shape[0],
             k=in_features,
-            group_size=group_size,
-        )
-        assert torch.equal(result["out"], expected)
-
-
-def test_the_neon_int8_dequantization_gives_pytorchs_values_transposed_under_qemu(
-    neon_builds, tmp_path, dtype
-):
-    out_features, in_features, row0 = 200, 128, 64
-    weight = random(out_features, in_features, seed=4, dtype=torch.float32, scale=0.05)
-    weight = int8_weight(weight.to(dtype), dtype)
-    num_rows = out_features - row0  # ends inside a tile
-    expected = weight.dequantized[row0:].to(dtype).T
-    for level in NEON_LEVELS:
-        result = neon_builds[build_name(level, dtype)].run(
-            "int8_dequantize",
-            tmp_path / level.name,
-            weight.arrays("weight"),
-            {"out": (dtype, (in_features, num_rows))},
-            row0=row0,
-            num_rows=num_rows,
-            padded_n=weight.parts["codes"].shape[0],
-            k=in_features,
+            **group,
         )
         assert torch.equal(result["out"], expected)
 
