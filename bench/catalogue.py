@@ -142,8 +142,7 @@ def measure_model(arguments: dict) -> dict:
     import torch
 
     model_dir = Path(arguments["model_dir"])
-    workload = Workload(**arguments["workload"])
-    workload.concurrency = tuple(workload.concurrency)  # NOTE: a list once through JSON
+    workload = Workload.from_json(arguments["workload"])
     started = time.perf_counter()
     engine = build_engine(model_dir, "auto", dtype="auto", kv_cache_mb=arguments["kv_cache_mb"])
     load_s = time.perf_counter() - started

@@ -108,6 +108,22 @@ def bench_engine(
     }
 
 
+def configuration_engine_config(model_dir: Path, **fields):
+    """The engine that the per-configuration benchmarks (bench.kernel_levels,
+    bench.shared_cores) measure: dtype "auto", 2,048-token contexts, 512 MB of KV cache, 16
+    sequences, 512-token steps; `fields` set the configuration under test."""
+    from inference.engine import EngineConfig
+
+    defaults = {
+        "dtype": "auto",
+        "max_model_len": 2048,
+        "kv_cache_mb": 512,
+        "max_num_seqs": 16,
+        "max_num_batched_tokens": 512,
+    }
+    return EngineConfig(model_dir=model_dir, **(defaults | fields))
+
+
 def measure_speed(engine, workload: Workload, seeds: Seeds) -> dict:
     """Cold and warm TTFT, single-stream decode and throughput per concurrency of `engine`.
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.engine import measure_speed
+from bench.engine import configuration_engine_config, measure_speed
 from bench.fresh_process import child_arguments, report_to_parent, run_in_fresh_process
 from bench.workload import Seeds, Workload
 from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
@@ -102,19 +102,13 @@ def measure(arguments: dict) -> dict:
     """A child's work: build the engine as configured and measure its speed."""
     import torch
 
-    from inference.engine import Engine, EngineConfig
+    from inference.engine import Engine
 
-    workload = Workload(**arguments["workload"])
-    workload.concurrency = tuple(workload.concurrency)  # NOTE: a list once through JSON
-    config = EngineConfig(
-        model_dir=Path(arguments["model_dir"]),
-        dtype="auto",
+    workload = Workload.from_json(arguments["workload"])
+    config = configuration_engine_config(
+        Path(arguments["model_dir"]),
         quantization=arguments["quantization"],
         native_kernels=arguments["native_kernels"],
-        max_model_len=2048,
-        kv_cache_mb=512,
-        max_num_seqs=16,
-        max_num_batched_tokens=512,
     )
     started = time.perf_counter()
     engine = Engine(config)

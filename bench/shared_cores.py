@@ -38,7 +38,7 @@ from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
-from bench.engine import measure_speed
+from bench.engine import configuration_engine_config, measure_speed
 from bench.fresh_process import child_arguments, report_to_parent, run_in_fresh_process
 from bench.workload import WORDS, Seeds, Workload
 from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
@@ -150,18 +150,11 @@ def measure(arguments: dict) -> dict:
     """A child's work: the engine with its threads setting, next to its neighbour."""
     import torch
 
-    from inference.engine import Engine, EngineConfig
+    from inference.engine import Engine
 
-    workload = Workload(**arguments["workload"])
-    workload.concurrency = tuple(workload.concurrency)  # NOTE: a list once through JSON
-    config = EngineConfig(
-        model_dir=Path(arguments["model_dir"]),
-        dtype="auto",
-        adaptive_threads=arguments["threads"] == "adaptive",
-        max_model_len=2048,
-        kv_cache_mb=512,
-        max_num_seqs=16,
-        max_num_batched_tokens=512,
+    workload = Workload.from_json(arguments["workload"])
+    config = configuration_engine_config(
+        Path(arguments["model_dir"]), adaptive_threads=arguments["threads"] == "adaptive"
     )
     engine = Engine(config)
     try:

@@ -31,6 +31,11 @@ class Workload:
     output_tokens: int = 64
     concurrency: tuple[int, ...] = (1, 8, 32)
 
+    @classmethod
+    def from_json(cls, fields: dict) -> Workload:
+        """The workload a parent handed a child process (asdict(), through JSON)."""
+        return cls(**(fields | {"concurrency": tuple(fields["concurrency"])}))
+
 
 SMOKE = Workload(system_tokens=48, user_tokens=16, output_tokens=4, concurrency=(1, 2))
 
