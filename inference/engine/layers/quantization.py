@@ -140,8 +140,17 @@ class QuantizedLinear(nn.Module):
         return out
 
     def dequantize_rows_transposed(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-        """W^T [in, end - start] for rows [start, end) (`start` a multiple of 64), any layout."""
-        return self.dequantize_rows(start, end, dtype).T
+        """W^T [in, end - start] for rows [start, end) (`start` a multiple of 64), any layout:
+        unpacked by the native format's kernel where it runs (the same values; with PyTorch ops
+        unpacking a large layer cost as much as the GEMM that follows), else transposed rows."""
+        weight_t = self.native_dequantize_transposed(start, end, dtype)
+        return self.dequantize_rows(start, end, dtype).T if weight_t is None else weight_t
+
+    def native_dequantize_transposed(
+        self, start: int, end: int, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        """`dequantize_rows_transposed` by a native kernel, or None where none runs."""
+        return None
 
     def can_use_kernel(self, x: torch.Tensor) -> bool:
         return x.device.type == "cpu" and x.dtype in KERNEL_DTYPES
@@ -255,15 +264,12 @@ class Int8Linear(QuantizedLinear):
             codes = self.weight_int8[start:end].to(dtype)
         return codes.mul_(self.scales[start:end, None].to(dtype))
 
-    def dequantize_rows_transposed(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-        # NOTE: as Int4Linear's: the same values, unpacked natively and already transposed
-        if self.is_native and self.weight_int8.device.type == "cpu":
-            weight_t = native_int8.dequantize_transposed(
-                self.weight_int8, self.scales, start, end, dtype
-            )
-            if weight_t is not None:
-                return weight_t
-        return self.dequantize_rows(start, end, dtype).T
+    def native_dequantize_transposed(
+        self, start: int, end: int, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        if not self.is_native or self.weight_int8.device.type != "cpu":
+            return None
+        return native_int8.dequantize_transposed(self.weight_int8, self.scales, start, end, dtype)
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.is_native:
@@ -464,16 +470,14 @@ class Int4Linear(QuantizedLinear):
         codes = unpack_int4(self.weight_int4[start:block_end])[: end - start]
         return self._dequantize(codes, self.scales_and_zeros[:, start:end], dtype)
 
-    def dequantize_rows_transposed(self, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
-        # NOTE: the native format unpacks natively (the same values), already transposed; with
-        # PyTorch ops unpacking a large layer cost as much as the GEMM that follows.
-        if self.is_native and self.weight_int4.device.type == "cpu":
-            weight_t = native_int4.dequantize_transposed(
-                self.weight_int4, self.scales, self.zero_points, self.group_size, start, end, dtype
-            )
-            if weight_t is not None:
-                return weight_t
-        return self.dequantize_rows(start, end, dtype).T
+    def native_dequantize_transposed(
+        self, start: int, end: int, dtype: torch.dtype
+    ) -> torch.Tensor | None:
+        if not self.is_native or self.weight_int4.device.type != "cpu":
+            return None
+        return native_int4.dequantize_transposed(
+            self.weight_int4, self.scales, self.zero_points, self.group_size, start, end, dtype
+        )
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         flat_ids = row_ids.reshape(-1)

@@ -109,6 +109,16 @@ def test_native_dequantization_gives_pytorchs_values_transposed(
 
 
 @needs_kernel
+@pytest.mark.parametrize(("start", "end"), [(32, 96), (0, 256), (-64, 0)])
+def test_native_dequantization_refuses_rows_outside_the_layout(start, end, dtype):
+    layer = int4_layer(192, 256, 32, dtype=dtype)
+    with pytest.raises(RuntimeError, match=rf"int4_dequantize refused rows \[{start}, {end}\)"):
+        int4_linear.dequantize_transposed(
+            layer.weight_int4, layer.scales, layer.zero_points, 32, start, end, dtype
+        )
+
+
+@needs_kernel
 def test_the_layer_adds_its_bias_and_falls_back_above_the_kernels_token_limit(isa_level, dtype):
     layer = int4_layer(128, 64, 32, bias=True, dtype=dtype)
     for num_tokens in (1, MAX_TOKENS + 1):

@@ -99,6 +99,14 @@ def test_native_dequantization_gives_pytorchs_values_transposed(
 
 
 @needs_kernel
+@pytest.mark.parametrize(("start", "end"), [(32, 96), (0, 256), (-64, 0)])
+def test_native_dequantization_refuses_rows_outside_the_layout(start, end, dtype):
+    layer = int8_layer(192, 256, dtype=dtype)
+    with pytest.raises(RuntimeError, match=rf"int8_dequantize refused rows \[{start}, {end}\)"):
+        int8_linear.dequantize_transposed(layer.weight_int8, layer.scales, start, end, dtype)
+
+
+@needs_kernel
 def test_the_layer_adds_its_bias_and_falls_back_above_the_kernels_token_limit(isa_level, dtype):
     layer = int8_layer(128, 64, bias=True, dtype=dtype)
     weights = layer.dequantize_rows(0, 128, torch.float32)

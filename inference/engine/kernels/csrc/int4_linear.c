@@ -140,12 +140,13 @@ int int4_linear(const act_t *x, const uint8_t *codes, const uint16_t *scales,
  * tile (16 rows x 8 columns) gives 8 columns of 16 consecutive rows, stored as 8 vectors.
  * For steps too large for the kernel above (compute-bound at ~2x the GEMM's time), which then
  * run PyTorch's GEMM on the result: unpacking with PyTorch ops cost as much as the GEMM itself.
- * Returns 0, or -1 for shapes the layout does not have.
+ * Returns 0, or -1 for shapes int4_linear refuses too or rows outside the weight.
  */
 int int4_dequantize(const uint8_t *codes, const uint16_t *scales, const uint8_t *zero_points,
                     act_t *out, int64_t row0, int64_t num_rows, int64_t padded_n, int64_t k,
                     int64_t group_size, int num_threads) {
-    if (k % STEP || group_size % STEP || row0 % TILE_ROWS || row0 + num_rows > padded_n)
+    if (k % BLOCK || group_size % BLOCK || k % group_size || row0 < 0 || row0 % TILE_ROWS ||
+        num_rows < 0 || row0 + num_rows > padded_n)
         return -1;
     const int64_t first_tile = row0 / TILE_ROWS;
     const int64_t num_tiles = (num_rows + TILE_ROWS - 1) / TILE_ROWS;

@@ -153,12 +153,13 @@ int int8_linear(const act_t *x, const int8_t *codes, const act_t *scales, act_t 
  * Int8Linear.dequantize_rows does, w = q s rounded once to act_t (the same values bit for bit:
  * the product of an int8 code and a bf16 scale is exact in float32), into out [k][num_rows]:
  * transposed, as int4_linear.c's int4_dequantize and for the same reason (steps above the
- * kernel's token limit run PyTorch's GEMM on it). Returns 0, or -1 for shapes the layout does
- * not have.
+ * kernel's token limit run PyTorch's GEMM on it). Returns 0, or -1 for shapes int8_linear
+ * refuses too or rows outside the weight.
  */
 int int8_dequantize(const int8_t *codes, const act_t *scales, act_t *out, int64_t row0,
                     int64_t num_rows, int64_t padded_n, int64_t k, int num_threads) {
-    if (k % BLOCK || row0 % TILE_ROWS || row0 + num_rows > padded_n) return -1;
+    if (k % BLOCK || row0 < 0 || row0 % TILE_ROWS || num_rows < 0 || row0 + num_rows > padded_n)
+        return -1;
     const int64_t first_tile = row0 / TILE_ROWS;
     const int64_t num_tiles = (num_rows + TILE_ROWS - 1) / TILE_ROWS;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(num_threads)
