@@ -13,7 +13,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
 # the models cache (CACHET_MODEL_CACHE, outside the repository); later runs find them in < 1 s.
 TEST_MODELS := qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct gemma-3-270m
 
-.PHONY: install browser cross-toolchain run test test-models test-default test-integration lint format clean
+.PHONY: install browser cross-toolchain run test test-slow test-models test-default test-integration lint format clean
 
 install: $(VENV)/.installed
 
@@ -71,6 +71,12 @@ test: install browser cross-toolchain test-models
 	$(MAKE) test-default
 	$(MAKE) test-integration
 
+# The slow tier (pytest marker `slow`, left out of `make test` by pyproject's addopts): full-size
+# sweeps and the default 1.5B model end to end, each with a one-line reason where it is marked.
+test-slow: install browser cross-toolchain test-models
+	env -u DATABASE_URL -u REDIS_URL HF_HUB_OFFLINE=1 \
+		$(PY) -m pytest -m slow
+
 # Also the AWQ / GPTQ / compressed-tensors test checkpoints, made once by the real quantizers in
 # their own venv (harness/quantized_checkpoints.py; ~3 min the first time, then < 1 s).
 test-models: install
@@ -85,7 +91,7 @@ test-default:
 # The integration-marked tests again, on PostgreSQL and Redis.
 test-integration:
 	HF_HUB_OFFLINE=1 DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
-		$(PY) -m pytest -m integration
+		$(PY) -m pytest -m "integration and not slow"
 
 # Style, formatting, types (strict on inference/engine/ and retrieval/: pyproject's [tool.mypy]),
 # and no import cycles among the project's modules, those hidden inside functions included.

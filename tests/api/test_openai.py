@@ -20,7 +20,7 @@ import pytest
 from harness.live_server import LiveServer
 from tests.malicious_files import INJECTION
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 MODEL = "smollm2-135m-instruct"
 HANDBOOK = "# Handbook\n\n## Leave\nEvery employee gets thirty days of paid holiday each year.\n"

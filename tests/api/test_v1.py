@@ -49,7 +49,7 @@ def test_the_schema_and_the_interactive_docs_are_served_without_a_key() -> None:
     assert docs.status_code == 200 and b"swagger-ui" in docs.content
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @schema.parametrize()
 @settings(
     max_examples=25,

@@ -45,7 +45,7 @@ def test_a_gold_passage_prompt_is_the_chat_template_of_the_instruction_and_the_p
         assert question.passage.text in expected and expected.count(question.question) == 1
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.django_db
 def test_the_smoke_run_scores_both_modes_on_the_bundled_model(settings, tmp_path, capsys) -> None:
     settings.MEDIA_ROOT = tmp_path / "media"  # the end-to-end index's uploaded passages

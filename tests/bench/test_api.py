@@ -8,7 +8,7 @@ import pytest
 
 from bench import api as bench
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 
 def test_a_smoke_run_measures_the_engine_and_the_api_on_the_same_prompts(chat_model_dir) -> None:

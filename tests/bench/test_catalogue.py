@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.django_db
 def test_the_smoke_table_has_load_speed_and_answer_figures_for_the_bundled_model(
     settings, tmp_path, capsys

@@ -9,7 +9,7 @@ import pytest
 
 from bench import chat as bench
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 
 def test_a_smoke_run_chats_over_the_real_stack_and_reports_every_turn(chat_model_dir) -> None:

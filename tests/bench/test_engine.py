@@ -8,7 +8,7 @@ import pytest
 
 from bench import engine as bench
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 
 def test_the_smoke_benchmark_prints_engine_and_hf_figures_with_ratios(

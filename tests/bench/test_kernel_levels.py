@@ -10,7 +10,7 @@ from bench.kernel_levels import BASELINE, format_table, main
 from inference.engine.kernels import supported_isa_levels
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_the_smoke_table_has_pytorch_and_this_cpus_best_level_with_its_ratio(
     settings, capsys
 ) -> None:

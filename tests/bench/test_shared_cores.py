@@ -9,7 +9,7 @@ import pytest
 from bench.shared_cores import format_table, main
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_the_smoke_run_measures_the_chat_idle_and_next_to_an_ingestion(settings, capsys) -> None:
     status = main(["--smoke", "--json", "--models-dir", str(settings.MODELS_DIR)])
     assert status == 0

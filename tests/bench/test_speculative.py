@@ -8,7 +8,7 @@ import pytest
 
 from bench import speculative as bench
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 
 def test_the_smoke_benchmark_reports_speed_and_acceptance_for_every_method_and_prompt(

@@ -18,7 +18,7 @@ from inference.models import ModelConfig
 from tests.idle_kv import wait_for_idle_kv
 from tests.websocket_helpers import communicator
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.real_weights]
 
 TIMEOUT_S = 60
 

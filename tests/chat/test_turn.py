@@ -25,7 +25,7 @@ from tests.documents import add_document
 from tests.idle_kv import wait_for_idle_kv
 from tests.malicious_files import INJECTION
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.real_weights]
 
 QUESTION = "How many days of paid holiday do employees get?"
 

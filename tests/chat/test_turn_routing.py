@@ -27,7 +27,7 @@ from chat.turn import TurnRequest, run_turn
 from tests.polling import wait_until
 from tests.remote_cachet import backend_for, remote_metric
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.real_weights]
 
 LONG_QUESTION = "Summarise this in one line: " + "The quick brown fox jumps over the dog. " * 12
 ABORTED = 'cachet_engine_requests_total{finish_reason="abort"}'

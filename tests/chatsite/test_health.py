@@ -27,7 +27,7 @@ def running_engine(chat_model_dir):
     runtime.stop_engine()
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_health_is_ok_when_every_component_works(client, running_engine) -> None:
     response = client.get("/healthz")
     assert response.status_code == 200
@@ -91,7 +91,7 @@ def test_health_only_answers_get(client) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_health_is_ok_on_postgresql_redis_layer_and_redis_broker(client, running_engine) -> None:
     if not settings.REDIS_URL or settings.DATABASES["default"]["ENGINE"].endswith("sqlite3"):
         pytest.skip("runs in the integration pass (DATABASE_URL=postgres://..., REDIS_URL=...)")

@@ -89,7 +89,7 @@ async def frames_until_ready(sock: ChatSocket) -> list[dict]:
 
 
 @pytest.mark.integration
-@pytest.mark.slow
+@pytest.mark.real_weights
 async def test_progress_from_a_worker_reaches_sockets_on_both_server_processes(
     chat_model_dir, redis_url, tmp_path
 ) -> None:

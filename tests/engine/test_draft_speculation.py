@@ -223,7 +223,7 @@ def plain_and_drafted(make_real_engine, prompts, params, **config):
     return expected, engine.generate(prompts, params), engine
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_greedy_output_with_a_draft_is_identical_for_concurrent_sequences(
     make_real_engine, real_tokenizer
 ):
@@ -238,7 +238,7 @@ def test_real_greedy_output_with_a_draft_is_identical_for_concurrent_sequences(
     assert is_idle(engine)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_seeded_sampling_with_a_draft_is_identical(make_real_engine, real_tokenizer):
     prompts = [chat(real_tokenizer, q) for q in QUESTIONS[:2]]
     params = [
@@ -250,7 +250,7 @@ def test_real_seeded_sampling_with_a_draft_is_identical(make_real_engine, real_t
     assert engine.metrics.snapshot()["spec_accepted_tokens"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_stops_and_max_tokens_inside_an_accepted_draft_run_end_like_plain_decoding(
     make_real_engine, real_tokenizer
 ):
@@ -272,7 +272,7 @@ def test_real_stops_and_max_tokens_inside_an_accepted_draft_run_end_like_plain_d
         assert is_idle(engine)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_preemption_with_a_draft_keeps_outputs_identical_and_frees_its_blocks(
     make_real_engine, real_tokenizer
 ):
@@ -289,7 +289,7 @@ def test_real_preemption_with_a_draft_keeps_outputs_identical_and_frees_its_bloc
     assert is_idle(small)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.skipif(
     native_kernels.load_kernel("decode_layers") is None,
     reason="the fused decode needs a CPU with AVX2, AVX-512 or NEON, and a compiler",
@@ -375,7 +375,7 @@ def load_with_draft(target_dir, target_runner, tokenizer, draft_dir) -> Engine:
     return Engine(config, runner=target_runner, tokenizer=tokenizer)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_draft_with_a_truncated_vocabulary_is_refused_naming_both_models(
     real_runners, real_tokenizer, chat_model_dir, tmp_path
 ):
@@ -387,7 +387,7 @@ def test_a_draft_with_a_truncated_vocabulary_is_refused_naming_both_models(
     assert "vocabulary sizes differ (49152 vs 256)" in message
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_draft_with_another_models_tokenizer_is_refused(
     real_runners, real_tokenizer, chat_model_dir, prepared_catalogue_model, tmp_path
 ):

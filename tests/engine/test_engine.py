@@ -354,7 +354,7 @@ QUESTIONS = [
 ]
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_concurrent_greedy_matches_one_at_a_time(make_real_engine, real_tokenizer):
     engine = make_real_engine(enable_prefix_caching=False)
     prompts = [chat(real_tokenizer, q) for q in QUESTIONS]
@@ -365,7 +365,7 @@ def test_real_model_concurrent_greedy_matches_one_at_a_time(make_real_engine, re
     assert len({tuple(t) for t in together}) > 1
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_decodes_sharing_a_system_prompt_match_one_at_a_time(
     make_real_engine, real_tokenizer, monkeypatch
 ):
@@ -400,7 +400,7 @@ def test_real_model_decodes_sharing_a_system_prompt_match_one_at_a_time(
     assert max(shared_blocks_per_step) * 16 >= attention.CASCADE_MIN_SHARED_TOKENS
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_prefix_cache_hit_gives_the_cold_output(make_real_engine, real_tokenizer):
     engine = make_real_engine()
     p = chat(real_tokenizer, "Write one sentence about the sea.")
@@ -422,7 +422,7 @@ def test_real_model_prefix_cache_hit_gives_the_cold_output(make_real_engine, rea
     assert engine.generate([follow_up], params)[0].usage.cached_tokens >= 32
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_preemption_keeps_outputs_identical(make_real_engine, real_tokenizer):
     prompts = [chat(real_tokenizer, q) for q in QUESTIONS[:6]]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -435,7 +435,7 @@ def test_real_model_preemption_keeps_outputs_identical(make_real_engine, real_to
     assert small.metrics.snapshot()["num_preemptions"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_seeded_sampling_is_reproducible(make_real_engine, real_tokenizer):
     engine = make_real_engine()
     p = chat(real_tokenizer, "Tell me a story.")
@@ -446,7 +446,7 @@ def test_real_model_seeded_sampling_is_reproducible(make_real_engine, real_token
     assert batched == alone
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 async def test_real_model_stop_strings_are_not_leaked(make_real_engine, real_tokenizer):
     engine = make_real_engine()
     p = chat(real_tokenizer, "What is the capital of France?")
@@ -464,7 +464,7 @@ async def test_real_model_stop_strings_are_not_leaked(make_real_engine, real_tok
     assert finish_reason == "stop"
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 async def test_real_model_disconnect_and_abort_return_kv_to_idle(make_real_engine, real_tokenizer):
     engine = make_real_engine()
     p = chat(real_tokenizer, "Count from one to one hundred.")

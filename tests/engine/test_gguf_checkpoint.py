@@ -66,7 +66,7 @@ def reference_values(path: Path, tensor_name: str) -> tuple[torch.Tensor, str]:
 # --- the metadata and the block formats ------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.parametrize("model", [SMOLLM2, GEMMA])
 def test_the_config_from_the_metadata_is_transformers_own(catalogue_gguf, model) -> None:
     path = catalogue_gguf(model)
@@ -169,7 +169,7 @@ def test_5_to_8_bit_tensors_are_int8_rows_within_half_a_step(
 # --- whole models ------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.parametrize("model", [SMOLLM2, GEMMA, QWEN_05B])
 def test_float32_logits_from_the_gguf_match_transformers_own_gguf_load(
     catalogue_gguf, model
@@ -223,7 +223,7 @@ def test_a_configured_quantization_applies_to_every_layer(catalogue_gguf, quanti
     assert loaded.report.formats == formats
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_the_15b_is_served_in_int4_and_int8_within_15_percent_of_its_gguf_bytes(catalogue_gguf):
     # NOTE: through its prepared directory (config.json, tokenizer, model.gguf), as it is served
     prepared = resolve_chat_model(

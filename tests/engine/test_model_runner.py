@@ -186,7 +186,7 @@ def hf_float32_outputs(chat_model_dir, chat_prompts) -> list[list[int]]:
     return hf_greedy(chat_model_dir, chat_prompts, NUM_NEW_TOKENS, torch.float32)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_greedy_output_matches_transformers_generate_token_for_token(
     chat_model_dir, chat_prompts, hf_float32_outputs
 ):
@@ -196,7 +196,7 @@ def test_greedy_output_matches_transformers_generate_token_for_token(
     assert outputs == hf_float32_outputs
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_prompts_prefilled_in_several_chunks_match_transformers_generate(
     chat_model_dir, chat_prompts, hf_float32_outputs
 ):
@@ -206,7 +206,7 @@ def test_prompts_prefilled_in_several_chunks_match_transformers_generate(
     assert outputs == hf_float32_outputs
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.skipif(
     os.environ.get("CACHET_BF16_AGREEMENT") != "1",
     reason="report only (minutes without native bf16 matmuls): set CACHET_BF16_AGREEMENT=1, run -s",
@@ -230,7 +230,7 @@ def test_bfloat16_greedy_agreement_with_transformers_is_reported(chat_model_dir,
     assert all(position > 0 for position in first_divergence)  # the first token is exact
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.skipif(
     native_kernels.load_kernel("decode_layers", native_kernels.ACTIVATIONS[AUTO_DTYPE]) is None,
     reason="the fused decode needs a CPU with AVX2, AVX-512 or NEON, and a compiler",
@@ -263,7 +263,7 @@ def test_a_verification_on_the_fused_path_gives_exactly_the_logits_of_one_token_
     assert torch.equal(together, torch.cat([*one_by_one[:5], one_by_one[-1]]))
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.skipif(
     native_kernels.load_kernel("int4_linear") is None,
     reason="the native int4 kernel needs a CPU with AVX2, AVX-512 or NEON, and a compiler",

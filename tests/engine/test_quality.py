@@ -36,7 +36,7 @@ from inference.engine.config import has_fast_bfloat16
 # prefills of five configurations on one thread take most of an hour, so the test runs only
 # where bf16 arithmetic is native (AVX-512 BF16, AMX).
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.real_weights,
     pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.skipif(
         not has_fast_bfloat16(), reason="bf16 is emulated on this CPU (no AVX-512 BF16 or AMX)"
@@ -151,9 +151,19 @@ def test_the_prompts_are_50_distinct_questions(prompts):
     assert len({tuple(p) for p in prompts}) == 50
 
 
+# NOTE: the default suite checks what is served by default (the GGUF's own formats); the other
+# three are the sweep, ~60 s each of bf16 prefills on one thread.
+SWEEP_ONLY = pytest.mark.slow(reason="a full perplexity + 50-answer run per configuration")
+
+
 @pytest.mark.parametrize(
     ("quantization", "kv_cache_dtype"),
-    [("int8", "auto"), ("int4", "auto"), ("none", "int8"), ("auto", "auto")],
+    [
+        pytest.param("int8", "auto", marks=SWEEP_ONLY),
+        pytest.param("int4", "auto", marks=SWEEP_ONLY),
+        pytest.param("none", "int8", marks=SWEEP_ONLY),
+        ("auto", "auto"),
+    ],
 )
 def test_quantized_perplexity_and_greedy_agreement_stay_close_to_bf16(
     chat_model_dir, text_token_ids, prompts, reference, quantization, kv_cache_dtype

@@ -216,7 +216,7 @@ def chat_prompt(tokenizer, question: str) -> list[int]:
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_seeded_answers_do_not_depend_on_their_batch(real_engine):
     tokenizer = real_engine.tokenizer
     prompt = chat_prompt(tokenizer, "Tell me a story about a dragon.")

@@ -20,7 +20,7 @@ import pytest
 import frontend
 from harness.live_server import LiveServer
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHAT_MODULES_DIR = Path(frontend.__file__).parent / "static" / "frontend" / "chat"

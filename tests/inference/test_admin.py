@@ -113,7 +113,7 @@ def test_a_misspelt_catalogue_name_is_refused_with_the_catalogue_listed(staff_cl
     assert not ModelConfig.objects.exists()
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_activating_a_configuration_reloads_the_engine(staff_client, chat_model_dir) -> None:
     response = staff_client.post(ADD_URL, FORM)
     assert response.status_code == 302, response.content.decode()[:2000]

@@ -19,7 +19,7 @@ from inference.model_files import (
 )
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_the_bundled_gguf_is_prepared_once_as_config_tokenizer_and_a_link(
     chat_model_dir: Path,
 ) -> None:
@@ -41,7 +41,7 @@ def test_the_bundled_gguf_is_prepared_once_as_config_tokenizer_and_a_link(
     assert marker["layout"] == model_files.PREPARED_LAYOUT
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_directory_of_the_old_dequantized_layout_is_prepared_again(tmp_path: Path) -> None:
     gguf = model_files.bundled_chat_gguf()
     target = tmp_path / f"{gguf.stem}-{gguf.stat().st_size}"
@@ -55,7 +55,7 @@ def test_a_directory_of_the_old_dequantized_layout_is_prepared_again(tmp_path: P
     assert sorted(p.name for p in target.glob("model.*")) == ["model.gguf"]
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_prepared_qwen_keeps_its_chat_template(catalogue_gguf) -> None:
     from transformers import AutoTokenizer
 
@@ -146,7 +146,7 @@ def test_a_local_directory_is_used_in_place_and_checked(tmp_path: Path) -> None:
         resolve_chat_model(str(tmp_path), tmp_path / "models")
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_local_model_directory_resolves_to_itself(chat_model_dir: Path) -> None:
     resolved = resolve_chat_model(str(chat_model_dir), Path("/nonexistent-models-dir"))
     assert (resolved.directory, resolved.action) == (chat_model_dir, "local")

@@ -110,7 +110,7 @@ def test_history_must_alternate_and_end_with_an_answer(builder) -> None:
         builder.build([Turn("user", "hi")], "q", max_tokens=8)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_second_turn_is_served_from_the_prefix_cache_of_the_first(builder, chat_model_dir):
     from inference.engine.config import EngineConfig
     from inference.engine.core.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ from django.core.management import CommandError, call_command
 from inference.provisioning import prepare_models, verify_chat_model
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_prepare_models_resolves_and_load_checks_both_models(chat_model_dir) -> None:
     prepared = prepare_models([settings.CACHET_MODEL], None, settings.MODELS_DIR)
     chat, embedding = prepared
@@ -23,7 +23,7 @@ def test_prepare_models_resolves_and_load_checks_both_models(chat_model_dir) -> 
     assert embedding.check == "embedding dimension 384"
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_the_command_prints_what_it_did(chat_model_dir, capsys) -> None:
     call_command("prepare_models")
     out = capsys.readouterr().out
@@ -45,7 +45,7 @@ def test_a_model_with_broken_weights_fails_the_load_check(tmp_path, chat_model_d
         verify_chat_model(tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_the_command_prepares_the_models_named_instead_of_cachet_model(
     chat_model_dir, settings, tmp_path, capsys
 ) -> None:

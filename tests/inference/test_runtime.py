@@ -10,7 +10,7 @@ from inference import runtime
 from inference.engine.core.sampling_params import SamplingParams
 from inference.models import ModelConfig
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.real_weights]
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

@@ -30,7 +30,7 @@ def test_anonymous_and_non_staff_users_are_refused(client) -> None:
     assert client.get("/metrics").status_code == 401
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_staff_see_the_engine_series(client, running_engine) -> None:
     get_user_model().objects.create_user("ops", password="pw-ops-12345", is_staff=True)
     client.login(username="ops", password="pw-ops-12345")
@@ -50,7 +50,7 @@ def test_staff_see_the_engine_series(client, running_engine) -> None:
     assert "cachet_engine_generation_tokens_total 4.0" in body
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_bearer_token_opens_metrics_and_a_wrong_one_does_not(client, settings, running_engine):
     settings.CACHET_METRICS_TOKEN = "scrape-token-0123456789"
     ok = client.get("/metrics", headers={"Authorization": "Bearer scrape-token-0123456789"})

@@ -18,7 +18,7 @@ from reliability.common import Common, EngineState
 SITE = {"model": "m", "model_config": {}, "kv_tokens": 1000, "startup_s": 1.0}
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_twenty_clients_disconnecting_at_random_leave_the_engine_idle(chat_model_dir) -> None:
     config = disconnects.Disconnects(clients=20, spread_s=3.0)
     common = Common(models_dir=Path(chat_model_dir).parent, torch_threads=1)

@@ -38,7 +38,7 @@ from inference.engine.outputs import EngineClosedError
 from inference.models import ModelConfig
 from tests.reliability.helpers import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 MODEL = "smollm2-135m-instruct"
 PASSWORD = "reload-admin-password-1"

@@ -22,7 +22,7 @@ import pytest
 from harness import LiveServer
 from tests.reliability.helpers import big_document, index_ids, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 HANDBOOK = (
     "# Handbook\n## Leave\nEvery employee gets thirty days of paid holiday each year.\n"

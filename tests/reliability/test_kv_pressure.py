@@ -23,7 +23,7 @@ SITE = {
 }
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_reduced_run_queues_and_preempts_and_completes_every_request(chat_model_dir) -> None:
     config = kv_pressure.Pressure(requests=12, prompt_words=100, max_tokens=64)
     common = Common(models_dir=Path(chat_model_dir).parent, torch_threads=1)

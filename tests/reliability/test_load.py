@@ -19,7 +19,7 @@ IDLE = EngineState(running=0, waiting=0, kv_usage=0.0, preemptions=0, finished={
 SITE = {"model": "m", "model_config": {"dtype": "float32"}, "kv_tokens": 1000, "startup_s": 1.0}
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_reduced_load_run_passes_every_check(chat_model_dir) -> None:
     # NOTE: sampled answers (the suite's default, temperature 0.8), every one twinned: the
     # Gumbel-max sampler keeps a seeded answer whatever shares its batch (docs/reliability.md).

@@ -28,7 +28,7 @@ import pytest
 from harness import CLOSED, ChatClient, ChatSocket, LiveServer, TurnResult
 from tests.reliability.helpers import ThrowawayRedis, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.real_weights
 
 MODEL = "smollm2-135m-instruct"
 SETUP = """

@@ -268,7 +268,7 @@ def chunk_texts(live: LiveServer, document_id: int) -> list[tuple[int, int, str]
         ).fetchall()
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_server_killed_mid_ingestion_loses_no_document(chat_model_dir) -> None:
     if django_settings.REDIS_URL:
         pytest.skip("the embedded defaults (no REDIS_URL) run ingestion in the server process")

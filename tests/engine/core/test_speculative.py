@@ -239,7 +239,7 @@ def compare_with_and_without_speculation(make_real_engine, prompts, params):
     return expected, got, speculative
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_greedy_output_is_identical_with_speculation(make_real_engine, real_tokenizer):
     prompts = [chat(real_tokenizer, q) for q in [EXTRACTIVE_QUESTION, *OTHER_QUESTIONS]]
     params = SamplingParams(temperature=0, max_tokens=40)
@@ -256,7 +256,7 @@ def test_real_model_greedy_output_is_identical_with_speculation(make_real_engine
     assert [r.token_ids for r in got] == [r.token_ids for r in expected]
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_seeded_sampling_is_identical_with_speculation(make_real_engine, real_tokenizer):
     prompts = [chat(real_tokenizer, EXTRACTIVE_QUESTION), chat(real_tokenizer, OTHER_QUESTIONS[1])]
     params = [
@@ -268,7 +268,7 @@ def test_real_model_seeded_sampling_is_identical_with_speculation(make_real_engi
     assert engine.metrics.snapshot()["spec_accepted_tokens"] > 0
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_stops_inside_an_accepted_run_like_plain_decoding(
     make_real_engine, real_tokenizer
 ):
@@ -291,7 +291,7 @@ def test_real_model_stops_inside_an_accepted_run_like_plain_decoding(
     assert got[0].finish_reason == "stop"
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_real_model_preemption_with_speculation_keeps_outputs_identical(
     make_real_engine, real_tokenizer
 ):
@@ -309,7 +309,7 @@ def test_real_model_preemption_with_speculation_keeps_outputs_identical(
     assert kv_is_idle(small)
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 async def test_real_model_abort_mid_run_returns_kv_to_idle(make_real_engine, real_tokenizer):
     engine = make_real_engine(5)
     prompt = chat(real_tokenizer, EXTRACTIVE_QUESTION)

@@ -85,7 +85,7 @@ def test_bf16_and_native_int4_and_int8_models_get_the_fused_path(fused_runner):
     assert fused_runner.model.fused_decode is not None
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 def test_a_gguf_mixing_4_and_8_bit_tensors_runs_fused_with_the_layer_paths_logits(
     prepared_catalogue_model,
 ):

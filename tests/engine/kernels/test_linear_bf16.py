@@ -125,7 +125,7 @@ def test_a_bf16_runner_on_amx_computes_the_logits_of_the_onednn_runner(
     assert torch.equal(amx_logits.argmax(-1), onednn_logits.argmax(-1))
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.usefixtures("one_torch_thread")
 def test_the_real_model_on_amx_predicts_like_the_onednn_model(
     chat_model_dir, real_tokenizer, monkeypatch

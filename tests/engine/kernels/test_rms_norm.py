@@ -77,7 +77,7 @@ def test_the_model_norm_gives_the_same_results_natively_and_op_by_op(monkeypatch
     assert norm(x)[1] is None
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @needs_kernel
 @pytest.mark.usefixtures("one_torch_thread")
 def test_real_model_logits_with_the_native_norm_match_the_op_by_op_norm(

@@ -280,7 +280,7 @@ def make_tiny_runner(model_dir, **options) -> ModelRunner:
 # ---- the real model through the engine ----
 
 
-@pytest.mark.slow
+@pytest.mark.real_weights
 @pytest.mark.parametrize(
     ("quantization", "kv_cache_dtype", "max_weight_share"),
     [("int8", "auto", 0.55), ("int4", "int8", 0.36), ("none", "int8", 1.0)],

@@ -35,6 +35,8 @@ PLAIN_PROMPTS = ["The capital of France is", "def fibonacci(n):\n", LONG_TEXT]
 REAL_MODELS = {
     "smollm2-135m-instruct": ("chat", CHAT_PROMPTS),
     "qwen2.5-coder-0.5b-instruct": ("chat", CHAT_PROMPTS),
+    # NOTE: the 0.5B checks the same architecture (qwen2) in a third of the time; the 1.5B, the
+    # default model, is the subject here only as itself: 6 GB of float32 weights, over 2 minutes.
     "qwen2.5-coder-1.5b-instruct": ("chat", CHAT_PROMPTS[:2]),
     "gemma-3-270m": ("plain", PLAIN_PROMPTS),
 }
@@ -107,7 +109,15 @@ def engine_greedy(gguf: Path, prompts: list[list[int]]) -> list[list[int]]:
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-@pytest.mark.parametrize("name", list(REAL_MODELS))
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(name, marks=pytest.mark.slow(reason="the 1.5B in float32, twice"))
+        if name == "qwen2.5-coder-1.5b-instruct"
+        else name
+        for name in REAL_MODELS
+    ],
+)
 def test_greedy_tokens_match_transformers_on_real_weights(catalogue_gguf, name):
     from transformers import AutoTokenizer
 
