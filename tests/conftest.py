@@ -7,6 +7,7 @@ Django is set up before this module is imported: pytest-django loads the setting
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -15,12 +16,15 @@ from django.conf import settings as django_settings
 
 import retrieval.search as search_module
 from inference import catalogue, runtime
+from inference.engine.core_share import CoreShare, usable_cores
 from inference.model_files import resolve_chat_model, resolve_embedding_model
 from inference.models import ModelConfig
 from tests.remote_cachet import start_remote_cachet
 from tests.tiny_models import save_tiny_model
 
 FLOAT32_CONFIG_NAME = "tests-float32"
+# How long torch_threads_on_free_cores watches the other processes' use of the cores.
+FREE_CORES_WINDOW_S = 0.3
 
 
 # ---- models ----
@@ -80,14 +84,18 @@ def tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_torch_thread():
-    """One torch thread for a module's tests (`pytest.mark.usefixtures("one_torch_thread")`).
+def torch_threads_on_free_cores():
+    """Torch threads for a module's tests: one per core that no other process keeps busy
+    (`pytest.mark.usefixtures("torch_threads_on_free_cores")`), measured as the engine does.
 
-    NOTE: the test machines are 2 shared cores; two OpenMP threads stall badly whenever a
-    neighbour holds a core, and these tests are about outputs, not speed.
+    NOTE: two OpenMP threads stall badly whenever a neighbour holds a core (inference/engine/
+    core_share.py), so beside other work these tests run one thread; on an idle machine (CI)
+    every core, which halves the real-weight tests. They are about outputs, not speed.
     """
     previous = torch.get_num_threads()
-    torch.set_num_threads(1)
+    share = CoreShare(usable_cores(), window_s=0.0)
+    time.sleep(FREE_CORES_WINDOW_S)
+    torch.set_num_threads(share.threads())
     yield
     torch.set_num_threads(previous)
 

@@ -35,7 +35,7 @@ from inference.engine.loader import load_model
 from inference.model_files import resolve_chat_model
 from tests.engine.broken_gguf import truncated_copy, with_metadata_value, with_tensor_type
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
 SMOLLM2 = "smollm2-135m-instruct"
 GEMMA = "gemma-3-270m"

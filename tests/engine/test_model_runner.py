@@ -25,7 +25,7 @@ QUESTIONS = [
 ]
 
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
 
 def greedy_decode(

@@ -37,7 +37,7 @@ from inference.engine.config import has_fast_bfloat16
 # where bf16 arithmetic is native (AVX-512 BF16, AMX).
 pytestmark = [
     pytest.mark.real_weights,
-    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.usefixtures("torch_threads_on_free_cores"),
     pytest.mark.skipif(
         not has_fast_bfloat16(), reason="bf16 is emulated on this CPU (no AVX-512 BF16 or AMX)"
     ),

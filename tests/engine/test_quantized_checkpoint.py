@@ -29,7 +29,7 @@ from inference.engine.layers.act_order import ActOrderLinear
 from inference.engine.layers.quantization import Int4Linear, Int8Linear, weight_formats
 from inference.engine.loader import load_model
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
 ALL_FORMATS = list(FORMATS)
 PROMPT = "The capital of France is Paris, and the capital of Germany is"

@@ -29,7 +29,7 @@ def run_in_fresh_thread(work):
     return result["value"]
 
 
-def test_single_threaded_work_runs_here_with_one_torch_thread():
+def test_single_threaded_work_runs_here_with_torch_threads_on_free_cores():
     caller, (ident, num_threads) = run_in_fresh_thread(
         lambda: (threading.get_ident(), run_single_threaded(where_and_how_many))
     )

@@ -126,7 +126,7 @@ def test_a_bf16_runner_on_amx_computes_the_logits_of_the_onednn_runner(
 
 
 @pytest.mark.real_weights
-@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.usefixtures("torch_threads_on_free_cores")
 def test_the_real_model_on_amx_predicts_like_the_onednn_model(
     chat_model_dir, real_tokenizer, monkeypatch
 ):

@@ -218,7 +218,7 @@ def test_a_step_mixing_decodes_and_a_prefill_chunk_uses_the_kernel_for_the_decod
 
 
 @pytest.mark.real_weights
-@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.usefixtures("torch_threads_on_free_cores")
 def test_real_model_decoding_through_the_kernel_is_as_accurate_as_the_gather_path(
     chat_model_dir, real_tokenizer
 ):

@@ -79,7 +79,7 @@ def test_the_model_norm_gives_the_same_results_natively_and_op_by_op(monkeypatch
 
 @pytest.mark.real_weights
 @needs_kernel
-@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.usefixtures("torch_threads_on_free_cores")
 def test_real_model_logits_with_the_native_norm_match_the_op_by_op_norm(
     chat_model_dir, real_tokenizer, monkeypatch
 ):

@@ -67,7 +67,7 @@ def test_other_dtypes_and_head_sizes_are_left_to_pytorch():
 
 
 @needs_kernel
-@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.usefixtures("torch_threads_on_free_cores")
 def test_a_bf16_model_computes_bitwise_the_same_logits_with_the_native_rotation(
     tiny_model_dir, monkeypatch
 ):

@@ -29,7 +29,7 @@ from inference.engine.layers.quantization import (
 )
 from inference.engine.loader import load_model
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
 
 def make_linear(out_features: int, in_features: int, dtype: torch.dtype) -> nn.Linear:

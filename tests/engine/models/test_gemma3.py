@@ -13,7 +13,7 @@ from tests.engine.models.paged_schedule import engine_logits, token_sequences, t
 from tests.tiny_models import TINY_SLIDING_WINDOW, save_tiny_multimodal_gemma3
 
 # NOTE: tiny models: one thread is as fast, and does not stall when a neighbour holds a core.
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
 
 def test_gemma3_270m_config_gives_five_local_layers_per_global_one_with_their_own_rope_base():

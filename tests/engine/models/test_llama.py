@@ -11,7 +11,7 @@ from tests.engine.models.paged_schedule import engine_logits, token_sequences, t
 from tests.tiny_models import TINY_SLIDING_WINDOW
 
 # NOTE: tiny models: one thread is as fast, and does not stall when a neighbour holds a core.
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
 
 def test_qwen2_gets_q_k_v_biases_but_no_output_bias():

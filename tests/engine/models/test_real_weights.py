@@ -108,7 +108,7 @@ def engine_greedy(gguf: Path, prompts: list[list[int]]) -> list[list[int]]:
     return outputs
 
 
-@pytest.mark.usefixtures("one_torch_thread")
+@pytest.mark.usefixtures("torch_threads_on_free_cores")
 @pytest.mark.parametrize(
     "name",
     [
