@@ -20,6 +20,7 @@ new server on it, on the same port.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import json
 import logging
@@ -42,6 +43,8 @@ REPO_DIR = Path(__file__).resolve().parent.parent
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 15.0
 LOG_TAIL_CHARS = 3000
+# The default database's file in a data dir (chatsite/settings.py).
+SQLITE_NAME = "cachet.sqlite3"
 # Environment of the calling shell that never reaches the server (see the module doc).
 DROPPED_ENV = frozenset({"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE", "CACHET_DEBUG"})
 # Marks the line of `call()`'s result in the shell's output (whatever else the code prints).
@@ -77,6 +80,21 @@ def _call_main(target: str, args_json: str) -> None:
     module, _, name = target.partition(":")
     result = getattr(importlib.import_module(module), name)(*json.loads(args_json))
     sys.stdout.write(f"\n{RESULT_MARKER}{json.dumps(result)}\n")
+
+
+_template_dir: Path | None = None
+
+
+def _prepared_sqlite_template() -> Path:
+    """A data dir holding a migrated SQLite database and the collected static files, made once
+    per process (in a temporary directory, so it always matches the code under test)."""
+    global _template_dir
+    if _template_dir is None or not (_template_dir / SQLITE_NAME).is_file():
+        template = LiveServer()
+        atexit.register(template.close)
+        template._migrate_and_collect_static()
+        _template_dir = template.data_dir
+    return _template_dir
 
 
 class LiveServer:
@@ -169,11 +187,27 @@ class LiveServer:
         self.close()
 
     def prepare(self) -> None:
-        """Share the model cache, migrate the database and collect static files (as `make run`)."""
+        """Share the model cache, migrate the database and collect static files (as `make run`).
+
+        NOTE: on the default SQLite database both come from a copy of what the first server of
+        this process prepared (`_prepared_sqlite_template`): the same migrations and files, made
+        once instead of two Django start-ups (~10 s) per server.
+        """
         if self._models_dir is not None and self._models_dir.is_dir():
             (self.data_dir / "models").symlink_to(self._models_dir.resolve())
-        self.manage("migrate", "--noinput", "--verbosity", "0")
-        self.manage("collectstatic", "--noinput", "--verbosity", "0")
+        if self.database_url:
+            self._migrate_and_collect_static()
+            return
+        template = _prepared_sqlite_template()
+        shutil.copy2(template / SQLITE_NAME, self.data_dir / SQLITE_NAME)
+        shutil.copytree(template / "static", self.data_dir / "static", symlinks=True)
+
+    def _migrate_and_collect_static(self) -> None:
+        self.shell(
+            "from django.core.management import call_command\n"
+            "call_command('migrate', interactive=False, verbosity=0)\n"
+            "call_command('collectstatic', interactive=False, verbosity=0)\n"
+        )
 
     def manage(self, *args: str, timeout: float = 600) -> str:
         """Run a management command against the server's database; return its stdout."""
