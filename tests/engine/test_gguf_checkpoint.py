@@ -34,6 +34,7 @@ from inference.engine.layers.quantization import (
 from inference.engine.loader import load_model
 from inference.model_files import resolve_chat_model
 from tests.engine.broken_gguf import truncated_copy, with_metadata_value, with_tensor_type
+from tests.engine.models.transformers_snapshot import transformers_float32_dir
 
 pytestmark = pytest.mark.usefixtures("torch_threads_on_free_cores")
 
@@ -179,8 +180,10 @@ def test_float32_logits_from_the_gguf_match_transformers_own_gguf_load(
 
     path = catalogue_gguf(model)
     token_ids = [2, 818, 5279, 529, 7001, 563, 1374, 23676, 108, 506, 3385, 15, 88, 104]
+    # NOTE: transformers' own load of the GGUF, saved once (its Python dequantization takes
+    # most of a minute per model; the snapshot holds the same weights bit for bit).
     hf_model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
+        transformers_float32_dir(path), dtype=torch.float32
     ).eval()
     with torch.inference_mode():
         expected = hf_model(torch.tensor([token_ids])).logits[0].float()
