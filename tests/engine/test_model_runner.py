@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from inference.engine import BatchEntry, EngineConfig, ModelRunner
 from inference.engine import kernels as native_kernels
 from inference.engine.config import resolve_auto_dtype
 from inference.model_files import transformers_weights
+from tests.engine.models.transformers_snapshot import transformers_float32_dir
 
 BLOCK_SIZE = 16
 MAX_MODEL_LEN = 256
@@ -63,8 +65,11 @@ def hf_greedy(model_dir, prompts: list[list[int]], num_new_tokens: int, dtype) -
     from transformers import AutoModelForCausalLM
 
     # NOTE: the bundled model's directory holds a GGUF (model.gguf), which transformers
-    # dequantizes to `dtype`: the values the engine's "none" path holds.
+    # dequantizes to `dtype`: the values the engine's "none" path holds. Its own load of the
+    # GGUF is read from the snapshot it saved once (minutes of Python dequantization otherwise).
     weights = transformers_weights(model_dir)
+    if "gguf_file" in weights:
+        model_dir = transformers_float32_dir((Path(model_dir) / weights.pop("gguf_file")).resolve())
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, **weights).eval()
     outputs = []
     for prompt in prompts:
