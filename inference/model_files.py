@@ -25,6 +25,7 @@ from pathlib import Path
 
 from inference import catalogue
 from inference.catalogue import PackagedFile, UnknownCatalogueModel
+from inference.directory_lock import directory_lock
 from inference.model_fetch import ModelFetchError, fetch_model
 
 logger = logging.getLogger(__name__)
@@ -226,15 +227,22 @@ def _resolve_gguf(
     fingerprint = _gguf_fingerprint(gguf_path)
     target = models_dir / f"{gguf_path.stem}-{fingerprint['size']}"
     marker = target / SOURCE_MARKER
-    if marker.is_file() and json.loads(marker.read_text()) == fingerprint:
+    if _is_prepared(marker, fingerprint):
         return ResolvedModel(source_name, target, "cached")
     if not may_prepare:
         raise ModelNotPrepared(
             f"{gguf_path.name} has not been prepared yet; run: python manage.py prepare_models"
         )
-    convert_gguf(gguf_path, target)
-    marker.write_text(json.dumps(fingerprint))
+    with directory_lock(models_dir):
+        if _is_prepared(marker, fingerprint):
+            return ResolvedModel(source_name, target, "cached")
+        convert_gguf(gguf_path, target)
+        marker.write_text(json.dumps(fingerprint))
     return ResolvedModel(source_name, target, "converted")
+
+
+def _is_prepared(marker: Path, fingerprint: dict) -> bool:
+    return marker.is_file() and json.loads(marker.read_text()) == fingerprint
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:

@@ -17,3 +17,8 @@ STORAGES = {
     **STORAGES,  # noqa: F405
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+
+# NOTE: the prepared model directories (config and tokenizer converted once from each GGUF: ~40 s
+# for the catalogue's four) live beside the models cache, outside the checkout, so fresh clones
+# and CI runs reuse them as they reuse the models; each is checked against its GGUF on use.
+MODELS_DIR = CACHET_MODEL_CACHE.parent / "prepared-for-tests"  # noqa: F405

@@ -70,8 +70,8 @@ def pip_uses(wheel_index, monkeypatch) -> Path:
 
 
 def leftovers(cache: Path) -> list[str]:
-    """Everything in the cache but the lock file: no partial file, no wheel, no download folder."""
-    return sorted(str(path.relative_to(cache)) for path in cache.rglob("*") if path.name != ".lock")
+    """Everything in the cache: no partial file, no wheel, no download folder, no lock file."""
+    return sorted(str(path.relative_to(cache)) for path in cache.rglob("*"))
 
 
 def test_the_parts_are_downloaded_concatenated_verified_and_progress_shown(

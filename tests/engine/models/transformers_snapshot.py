@@ -15,6 +15,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from inference.directory_lock import directory_lock
+
 SOURCE_MARKER = "cachet-gguf-source.json"
 
 
@@ -36,16 +38,18 @@ def transformers_float32_dir(gguf_path: Path) -> Path:
     marker = target / SOURCE_MARKER
     if marker.is_file() and json.loads(marker.read_text()) == source:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
-    try:
-        _save_transformers_load(gguf_path, staging)
-        (staging / SOURCE_MARKER).write_text(json.dumps(source))
-        if target.exists():
-            shutil.rmtree(target)
-        staging.rename(target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    with directory_lock(target.parent):  # parallel test workers take turns
+        if marker.is_file() and json.loads(marker.read_text()) == source:
+            return target
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+        try:
+            _save_transformers_load(gguf_path, staging)
+            (staging / SOURCE_MARKER).write_text(json.dumps(source))
+            if target.exists():
+                shutil.rmtree(target)
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
