@@ -13,6 +13,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(scope="module")
 def running_engine(chat_model_dir, django_db_blocker):
+    # NOTE: a fresh engine, not one an earlier module left running: the counters start at zero.
+    runtime.stop_engine()
     with django_db_blocker.unblock():  # the active configuration is read from the database
         runtime.start_engine(wait=True)
     engine = runtime.get_engine()
