@@ -78,7 +78,12 @@ logger = logging.getLogger(__name__)
 # alone and in a batch of 32); the engine's Gumbel-max sampler picks the same token unless the
 # two best noisy scores are that close (the old inverse-CDF sampler parted ~1 in 80 sampled
 # answers this way; docs/reliability.md, "Load").
+# The native kernels stay off for the same reason: they quantize each token's activations (two
+# int8 codes a value), so a prompt whose last tokens come along another path (a prefix-cache hit
+# whose tail runs as decodes, a chunked prefill) differs by ~5e-3 in its logits, not ~1e-5
+# (measured on SmolLM2-135M, Xeon with AMX: 1 to 3 of ~150 twins then parted, in 2 of 3 runs).
 DTYPE = "float32"
+SERVER_ENV = {"CACHET_NATIVE_KERNELS": "0"}
 TEMPERATURE = 0.8
 # NOTE: no nucleus cut by default: a token whose cumulative mass sits at top_p is in or out of
 # the nucleus by the logits' last bits, one more way for a twin to part (`--top-p` sets one).
@@ -474,6 +479,7 @@ def run_load(load: Load, common: Common | None = None) -> dict:
     try:
         with LiveServer(
             models_dir=models_dir,
+            env=SERVER_ENV,
             torch_threads=common.torch_threads,
             ready_timeout_s=common.startup_timeout_s,
         ) as server:
