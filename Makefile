@@ -9,6 +9,8 @@ DATA_DIR := $(or $(CACHET_DATA_DIR),var)
 # The integration suite's services (CI starts them; see .ci/run).
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/test
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/0
+# Processes of make test-default (pytest-xdist); 0: the suite in one process.
+TEST_WORKERS ?= 2
 # Catalogue models the real-weight tests load (tests/conftest.py's catalogue_gguf), fetched once into
 # the models cache (CACHET_MODEL_CACHE, outside the repository); later runs find them in < 1 s.
 TEST_MODELS := qwen2.5-coder-0.5b-instruct qwen2.5-coder-1.5b-instruct gemma-3-270m
@@ -84,9 +86,12 @@ test-models: install
 	$(PY) -m harness.quantized_checkpoints
 
 # The whole suite on the embedded defaults: SQLite, in-memory channel layer, in-process tasks.
+# TEST_WORKERS processes (pytest-xdist), each given whole test files, so a module's shared server
+# or model stays in one process; much of the suite waits on servers, browsers and subprocesses,
+# which the other process fills. TEST_WORKERS=0 runs in this process alone.
 test-default:
 	env -u DATABASE_URL -u REDIS_URL HF_HUB_OFFLINE=1 \
-		$(PY) -m pytest
+		$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The integration-marked tests again, on PostgreSQL and Redis.
 test-integration:
