@@ -22,6 +22,7 @@ COMPONENTS = {
 
 @pytest.fixture
 def running_engine(chat_model_dir):
+    runtime.stop_engine()  # the default configuration's, not one an earlier module left running
     runtime.start_engine(wait=True)
     yield runtime.get_engine()
     runtime.stop_engine()
