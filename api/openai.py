@@ -182,11 +182,15 @@ def _finish_reason(reason: str | None) -> str:
 
 
 def _usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage, with the prefix-cache hits also in DeepSeek's words (hit + miss = prompt),
+    which the cache-aware client code of the inference-cost literature reads."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
         "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_cache_hit_tokens": cached_tokens,
+        "prompt_cache_miss_tokens": prompt_tokens - cached_tokens,
     }
 
 

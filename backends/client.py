@@ -91,14 +91,17 @@ def auth_headers(backend: InferenceBackend) -> dict[str, str]:
 def usage_from_json(
     request_id: str, usage: dict, *, ttft_s: float | None, decode_s: float, total_s: float
 ) -> Usage:
-    """The engine's `Usage` from an OpenAI usage object, with timings measured here."""
+    """The engine's `Usage` from an OpenAI usage object (or one that counts its cache hits in
+    DeepSeek's `prompt_cache_hit_tokens` only), with timings measured here."""
     details = usage.get("prompt_tokens_details") or {}
     completion_tokens = int(usage.get("completion_tokens") or 0)
     tokens_per_s = (completion_tokens - 1) / decode_s if completion_tokens > 1 and decode_s else 0.0
     return Usage(
         request_id=request_id,
         prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        cached_tokens=int(details.get("cached_tokens") or 0),
+        cached_tokens=int(
+            details.get("cached_tokens") or usage.get("prompt_cache_hit_tokens") or 0
+        ),
         completion_tokens=completion_tokens,
         ttft_s=ttft_s,
         tokens_per_s=tokens_per_s,

@@ -173,12 +173,21 @@ class Message(models.Model):
             "tokens_per_s": self.tokens_per_s,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            # the same split in DeepSeek's words, as the API's usage gives it
+            "prompt_cache_hit_tokens": self.cached_tokens,
+            "prompt_cache_miss_tokens": self._prompt_cache_miss_tokens,
             "completion_tokens": self.completion_tokens,
             "total_s": self.total_s,
             "model": self.model,
             "backend": self.backend,
             "route": self.route,
         }
+
+    @property
+    def _prompt_cache_miss_tokens(self) -> int | None:
+        if self.prompt_tokens is None or self.cached_tokens is None:
+            return None
+        return self.prompt_tokens - self.cached_tokens
 
     def as_json(self) -> dict:
         """The protocol's Message (docs/chat-protocol.md)."""

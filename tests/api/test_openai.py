@@ -121,6 +121,27 @@ def test_a_repeated_prefix_is_reported_as_cached_tokens(client) -> None:
     assert cached >= 0.85 * second.usage.prompt_tokens
 
 
+def test_the_cache_split_is_also_given_in_deepseeks_fields_streamed_or_not(client) -> None:
+    # The cache-aware client of the inference-cost literature prints its hit rate from these.
+    system = {"role": "system", "content": "You answer questions about geology. " * 40}
+    hit_rates = []
+    for question in ("What is basalt?", "What is granite?"):
+        messages = [system, {"role": "user", "content": question}]
+        whole = client.chat.completions.create(model=MODEL, messages=messages, **GREEDY)
+        chunks = list(
+            client.chat.completions.create(
+                model=MODEL, messages=messages, stream=True,
+                stream_options={"include_usage": True}, **GREEDY,
+            )
+        )  # fmt: skip
+        for usage in (whole.usage, chunks[-1].usage):
+            hit, miss = usage.prompt_cache_hit_tokens, usage.prompt_cache_miss_tokens
+            assert hit == usage.prompt_tokens_details.cached_tokens
+            assert hit + miss == usage.prompt_tokens
+        hit_rates.append(whole.usage.prompt_cache_hit_tokens / whole.usage.prompt_tokens)
+    assert hit_rates[1] >= 0.85  # the second question finds the system prompt cached
+
+
 def test_rag_answers_from_a_collection_and_returns_the_sources(client) -> None:
     response = client.chat.completions.create(
         model=MODEL,
@@ -397,7 +418,11 @@ def test_with_per_user_cache_isolation_keys_of_other_users_never_hit_cached_bloc
                 content_type="application/json",
             )
             assert response.status_code == 200, response.content
-            return response.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            usage = response.json()["usage"]
+            hit, miss = usage["prompt_cache_hit_tokens"], usage["prompt_cache_miss_tokens"]
+            assert hit + miss == usage["prompt_tokens"]
+            assert hit == usage["prompt_tokens_details"]["cached_tokens"]
+            return hit
 
         assert cached_tokens(alice) == 0
         assert cached_tokens(alice) >= 128, path  # her own prompt, from the cache

@@ -78,6 +78,8 @@ def test_usage_maps_cached_tokens_and_measures_decode_speed_here() -> None:
         "r", {"prompt_tokens": 3, "completion_tokens": 1}, ttft_s=None, decode_s=0, total_s=1
     )
     assert bare.cached_tokens == 0 and bare.tokens_per_s == 0.0
+    deepseek = {"prompt_tokens": 90, "prompt_cache_hit_tokens": 80, "prompt_cache_miss_tokens": 10}
+    assert usage_from_json("r", deepseek, ttft_s=None, decode_s=0, total_s=1).cached_tokens == 80
 
 
 async def test_a_stream_gives_the_remote_answer_and_its_usage_with_cached_tokens(

@@ -65,6 +65,8 @@ def test_messages_serialise_to_the_protocol_shape():
         "tokens_per_s": None,
         "prompt_tokens": 100,
         "cached_tokens": 80,
+        "prompt_cache_hit_tokens": 80,
+        "prompt_cache_miss_tokens": 20,
         "completion_tokens": 7,
         "total_s": None,
         "model": "m",

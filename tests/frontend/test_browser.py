@@ -176,7 +176,12 @@ def test_a_user_asks_about_a_document_and_sees_dots_then_streamed_text_then_sour
     sources = page.locator(".message.assistant .sources a.source-link")
     assert sources.count() >= 1
     assert "handbook.md" in sources.first.inner_text()
-    assert "TTFT" in page.locator(".message.assistant .stats").last.inner_text()
+    stats = page.locator(".message.assistant .stats").last.inner_text()
+    assert "TTFT" in stats
+    split = re.search(r"(\d+) prompt tokens: (\d+) cache hit, (\d+) miss", stats)
+    assert split, stats
+    prompt_tokens, hit, miss = map(int, split.groups())
+    assert hit + miss == prompt_tokens > 0
 
     # The chat is listed and its URL is the conversation's.
     page.wait_for_url(f"{server.url}/c/*/")

@@ -134,8 +134,9 @@ function statsText(stats) {
   if (isNumber(stats.tokens_per_s)) parts.push(stats.tokens_per_s.toFixed(1) + " tok/s");
   if (isNumber(stats.prompt_tokens)) {
     parts.push(
-      isNumber(stats.cached_tokens)
-        ? stats.cached_tokens + "/" + stats.prompt_tokens + " prompt tokens cached"
+      isNumber(stats.prompt_cache_hit_tokens) && isNumber(stats.prompt_cache_miss_tokens)
+        ? stats.prompt_tokens + " prompt tokens: " + stats.prompt_cache_hit_tokens +
+            " cache hit, " + stats.prompt_cache_miss_tokens + " miss"
         : stats.prompt_tokens + " prompt tokens"
     );
   }
