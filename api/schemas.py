@@ -1,4 +1,6 @@
-"""Request bodies of the OpenAI-compatible endpoints. Unknown fields are ignored, not fatal."""
+"""Request bodies of the OpenAI-compatible endpoints. Unknown fields are ignored, not fatal;
+known ones are taken only in their own JSON type (no coercion: `"stream": "yes"` is a 400, not
+true; `"max_tokens": "5"` is a 400, not 5)."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ MAX_BATCH_INPUTS = 256
 
 class Lenient(BaseModel):
     # NOTE: OpenAI clients send fields we do not know (logit_bias, response_format, ...); they
-    # are ignored rather than refused, as the issue asks.
-    model_config = ConfigDict(extra="ignore")
+    # are ignored rather than refused, as the issue asks. strict: a value of another JSON type
+    # is refused, never guessed (pydantic's lax mode reads "yes", "on" and "1" as true).
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class TextPart(Lenient):

@@ -245,6 +245,19 @@ def test_unknown_fields_are_ignored_and_bad_values_get_400_in_openais_shape(serv
     status, body = post({"model": MODEL, "messages": MESSAGES, "temperature": "hot"})
     assert status == 400 and body["error"]["type"] == "invalid_request_error"
     assert body["error"]["param"] == "temperature"
+    # a value of another JSON type is refused, never coerced: "yes" is not true, "5" is not 5
+    for field, value in [
+        ("stream", "yes"),
+        ("stream", 1),
+        ("max_tokens", "5"),
+        ("stream_options", {"include_usage": "true"}),
+        ("seed", 1.5),
+    ]:
+        status, body = post({"model": MODEL, "messages": MESSAGES, **GREEDY, field: value})
+        assert status == 400 and body["error"]["type"] == "invalid_request_error", (field, body)
+        assert body["error"]["param"].startswith(field), body
+    status, body = post({"model": MODEL, "messages": MESSAGES, "stream": False, **GREEDY})
+    assert status == 200
     status, body = post({"model": MODEL, "messages": []})
     assert status == 400
     status, body = post({"model": MODEL, "messages": [{"role": "assistant", "content": "x"}]})
