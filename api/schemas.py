@@ -89,3 +89,24 @@ class SearchRequest(Lenient):
     query: Annotated[str, Field(min_length=1, max_length=2000)]
     collections: list[int | str] | None = None
     top_k: Annotated[int, Field(ge=1, le=50)] | None = None
+
+
+CollectionName = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class CollectionCreate(Lenient):
+    name: CollectionName
+    description: str = ""
+    readers: list[str] | None = Field(default=None, description="Usernames who may read it.")
+    reader_groups: list[str] | None = Field(
+        default=None, description="Names of groups whose members may read it."
+    )
+
+
+class CollectionUpdate(Lenient):
+    """Only the fields given change; `readers` / `reader_groups` replace the whole set."""
+
+    name: CollectionName | None = None
+    description: str | None = None
+    readers: list[str] | None = None
+    reader_groups: list[str] | None = None

@@ -12,7 +12,7 @@ from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
-from api import documents, keys, openai, rate_limits
+from api import collections, documents, keys, openai, rate_limits
 from api.errors import ApiError, error_response, handle_api_error
 
 
@@ -76,3 +76,4 @@ def invalid_request(request: HttpRequest, error: ValidationError) -> JsonRespons
 
 api.add_router("/", openai.router)
 api.add_router("/", documents.router)
+api.add_router("/", collections.router)

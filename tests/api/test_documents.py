@@ -7,40 +7,18 @@ from django.contrib.auth.models import User
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
-from api import rate_limits
-from api.models import ApiKey
 from retrieval.ingest import ingest
 from retrieval.models import Collection, Document
 from tests import malicious_files as bad
+from tests.api.key_clients import client_for
 from tests.documents import HANDBOOK, add_document
 
-pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(autouse=True)
-def fresh_limits():
-    rate_limits.reset()
-
-
-def client_for(user: User) -> Client:
-    _, key = ApiKey.create_for(user, "test")
-    return Client(headers={"Authorization": f"Bearer {key}"})
+pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("fresh_limits")]
 
 
 @pytest.fixture
 def hr() -> Collection:
     return Collection.objects.create(name="HR")
-
-
-@pytest.fixture
-def staff() -> Client:
-    return client_for(User.objects.create_user("staff", is_staff=True))
-
-
-@pytest.fixture
-def member() -> tuple[User, Client]:
-    user = User.objects.create_user("member")
-    return user, client_for(user)
 
 
 def test_staff_upload_a_document_and_get_its_status(staff, hr, settings, tmp_path):

@@ -43,7 +43,8 @@ def test_the_schema_and_the_interactive_docs_are_served_without_a_key() -> None:
     client = Client()
     schema_json = client.get("/v1/openapi.json").json()
     assert {"/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/models",
-            "/v1/documents", "/v1/search"} <= set(schema_json["paths"])  # fmt: skip
+            "/v1/documents", "/v1/search", "/v1/collections",
+            "/v1/collections/{collection_id}"} <= set(schema_json["paths"])  # fmt: skip
     assert schema_json["components"]["securitySchemes"]["ApiKeyAuth"]["scheme"] == "bearer"
     docs = client.get("/v1/docs")
     assert docs.status_code == 200 and b"swagger-ui" in docs.content
