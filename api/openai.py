@@ -25,7 +25,7 @@ from ninja import Router
 from api import keys, rate_limits
 from api.documents import readable_collection_ids
 from api.errors import ApiError
-from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest, SamplingFields
+from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from backends.replicas import remote_models
 from backends.routing import AUTO_MODEL
 from chat.answer import Answer, TurnControl, TurnInput, answer_turn
@@ -153,9 +153,35 @@ def _engine() -> tuple[Engine, str]:
 # ---- sampling ----
 
 
-def sampling_params(body: SamplingFields, max_tokens: int | None) -> SamplingParams:
+def refuse_unserved_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
+    """A 400 for a field that would change the answer but is not served yet, rather than an
+    answer made as if the field were not there (which a client would take for a served one)."""
+    asked = []
+    if body.response_format is not None and body.response_format.get("type") != "text":
+        asked.append(("response_format", "structured outputs (response_format)"))
+    if isinstance(body, ChatCompletionRequest):
+        if body.logprobs or body.top_logprobs:
+            asked.append(("logprobs", "logprobs"))
+        if body.tools and body.tool_choice != "none":
+            asked.append(("tools", "tool calling (tools)"))
+    elif body.logprobs is not None:
+        asked.append(("logprobs", "logprobs"))
+    if asked:
+        param, what = asked[0]
+        raise ApiError(
+            400,
+            f"This server does not serve {what} yet; leave the field out.",
+            param=param,
+            code="unsupported_parameter",
+        )
+
+
+def sampling_params(
+    body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
+) -> SamplingParams:
     if body.n not in (None, 1):
         raise ApiError(400, "Only n=1 is supported.", param="n")
+    refuse_unserved_fields(body)
     defaults = SamplingParams()
     cap = settings.CACHET_API_MAX_TOKENS
     if max_tokens is not None and max_tokens > cap:

@@ -66,16 +66,25 @@ class SamplingFields(Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(default=False, description="Extension (load testers, vLLM).")
+    # NOTE: the fields below change the answer and are not served yet; they are read so that a
+    # request asking for them is refused (api.openai.refuse_unserved_fields), never answered as
+    # if they were not there.
+    response_format: dict | None = Field(default=None, description='Only {"type": "text"}.')
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     rag: RagOptions | None = Field(default=None, description="Extension: retrieval over documents.")
+    logprobs: bool | None = Field(default=None, description="Not served yet: only false.")
+    top_logprobs: int | None = Field(default=None, description="Not served yet: only 0.")
+    tools: list[dict] | None = Field(default=None, description="Not served yet: only [].")
+    tool_choice: str | dict | None = None
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_INPUTS)]
+    logprobs: int | None = Field(default=None, description="Not served yet: only null.")
 
 
 class EmbeddingRequest(Lenient):

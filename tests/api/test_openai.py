@@ -207,6 +207,48 @@ def test_an_unknown_model_and_n_above_one_are_refused(client) -> None:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, n=2, **GREEDY)
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
+         "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
+        ({"tools": [WEATHER_TOOL]}, "tools"),
+        ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "tools"),
+    ],
+)  # fmt: skip
+def test_fields_that_change_the_answer_but_are_not_served_are_refused_not_ignored(
+    client, fields, param
+) -> None:
+    with pytest.raises(openai.BadRequestError, match="does not serve") as refused:
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY, **fields)
+    assert refused.value.body["param"] == param
+    assert refused.value.body["code"] == "unsupported_parameter"
+
+
+def test_fields_that_ask_for_nothing_unserved_are_accepted(client) -> None:
+    for fields in (
+        {"response_format": {"type": "text"}},
+        {"logprobs": False},
+        {"tools": [WEATHER_TOOL], "tool_choice": "none"},
+    ):
+        answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY, **fields)
+        assert answer.choices[0].message.content, fields
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=MODEL, prompt="Once", logprobs=2, **GREEDY)
+
+
 def test_a_prompt_longer_than_the_context_gets_400_with_the_numbers(client) -> None:
     long = "word " * 5000
     with pytest.raises(openai.BadRequestError) as raised:
