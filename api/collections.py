@@ -6,6 +6,7 @@ from __future__ import annotations
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import IntegrityError, transaction
+from django.db.models import Count
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
@@ -23,12 +24,13 @@ def collection_json(collection: Collection, *, with_readers: bool) -> dict:
         "object": "collection",
         "name": collection.name,
         "description": collection.description,
-        "num_documents": collection.documents.count(),
+        "num_documents": collection.num_documents,
         "created_at": collection.created_at.isoformat(),
     }
     if with_readers:
-        body["readers"] = sorted(collection.readers.values_list("username", flat=True))
-        body["reader_groups"] = sorted(collection.reader_groups.values_list("name", flat=True))
+        # NOTE: .all(), so a listing's prefetched readers serve every collection in 3 queries
+        body["readers"] = sorted(user.username for user in collection.readers.all())
+        body["reader_groups"] = sorted(group.name for group in collection.reader_groups.all())
     return body
 
 
@@ -37,8 +39,12 @@ def _require_staff(user) -> None:
         raise ApiError(403, "Only staff keys may manage collections.", code="forbidden")
 
 
+def _readable(user):
+    return Collection.readable_by(user).annotate(num_documents=Count("documents", distinct=True))
+
+
 def _readable_collection(user, collection_id: int) -> Collection:
-    collection = Collection.readable_by(user).filter(pk=collection_id).first()
+    collection = _readable(user).filter(pk=collection_id).first()
     if collection is None:
         raise ApiError(404, f"Collection {collection_id} does not exist.", code="not_found")
     return collection
@@ -83,7 +89,7 @@ def _save(collection: Collection, readers: list[str] | None, groups: list[str] |
 @router.get("/collections", summary="List the collections the key may read")
 def list_collections(request: HttpRequest) -> dict:
     user = request.auth.user
-    collections = Collection.readable_by(user).prefetch_related("readers", "reader_groups")
+    collections = _readable(user).prefetch_related("readers", "reader_groups")
     return {
         "object": "list",
         "data": [collection_json(c, with_readers=user.is_staff) for c in collections],
@@ -95,6 +101,7 @@ def create_collection(request: HttpRequest, body: CollectionCreate) -> tuple[int
     _require_staff(request.auth.user)
     collection = Collection(name=body.name, description=body.description)
     _save(collection, body.readers, body.reader_groups)
+    collection.num_documents = 0
     return 201, collection_json(collection, with_readers=True)
 
 
