@@ -25,6 +25,7 @@ from ninja import Router
 from api import keys, rate_limits
 from api.documents import readable_collection_ids
 from api.errors import ApiError
+from api.response_format import compile_on_local_engine, structured_output_of
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from backends.replicas import remote_models
 from backends.routing import AUTO_MODEL
@@ -157,8 +158,6 @@ def refuse_unserved_fields(body: ChatCompletionRequest | CompletionRequest) -> N
     """A 400 for a field that would change the answer but is not served yet, rather than an
     answer made as if the field were not there (which a client would take for a served one)."""
     asked = []
-    if body.response_format is not None and body.response_format.get("type") != "text":
-        asked.append(("response_format", "structured outputs (response_format)"))
     if isinstance(body, ChatCompletionRequest):
         if body.logprobs or body.top_logprobs:
             asked.append(("logprobs", "logprobs"))
@@ -197,6 +196,7 @@ def sampling_params(
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             ignore_eos=body.ignore_eos,
+            structured_output=structured_output_of(body.response_format),
         )
     except ValueError as error:
         raise ApiError(400, str(error)) from None
@@ -293,6 +293,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     system_prompt, history, question = _dialogue(body.messages)
     if body.model == await chat_model_name():
         _engine()  # refuse early when the model is loading or the server overloaded
+    await compile_on_local_engine(params.structured_output)
     rag = body.rag
     turn = TurnInput(
         user=api_key.user,
@@ -415,6 +416,7 @@ async def completions(request: HttpRequest, body: CompletionRequest):
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "Streaming takes one prompt.", param="prompt")
     engine, model_name = _engine()
+    await compile_on_local_engine(params.structured_output)
     streams = []
     for prompt in prompts:
         if not prompt:

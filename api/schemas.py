@@ -51,6 +51,21 @@ class RagOptions(Lenient):
     top_k: Annotated[int, Field(ge=1, le=20)] | None = None
 
 
+class JsonSchemaFormat(Lenient):
+    name: Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")]
+    description: str | None = None
+    # NOTE: `schema` would shadow pydantic's BaseModel.schema.
+    json_schema: dict | bool = Field(alias="schema")
+    strict: bool | None = Field(
+        default=None, description="true: objects are closed unless the schema opens them."
+    )
+
+
+class ResponseFormat(Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(Lenient):
     model: str
     max_tokens: Annotated[int, Field(ge=1)] | None = None
@@ -66,10 +81,12 @@ class SamplingFields(Lenient):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = Field(default=False, description="Extension (load testers, vLLM).")
+    response_format: ResponseFormat | None = Field(
+        default=None, description="Structured outputs: JSON, or JSON valid against a schema."
+    )
     # NOTE: the fields below change the answer and are not served yet; they are read so that a
     # request asking for them is refused (api.openai.refuse_unserved_fields), never answered as
     # if they were not there.
-    response_format: dict | None = Field(default=None, description='Only {"type": "text"}.')
 
 
 class ChatCompletionRequest(SamplingFields):

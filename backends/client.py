@@ -23,7 +23,7 @@ from collections.abc import AsyncIterator
 import httpx
 
 from backends.models import InferenceBackend
-from inference.engine import Delta, SamplingParams, Usage
+from inference.engine import Delta, SamplingParams, StructuredOutput, Usage
 
 logger = logging.getLogger(__name__)
 
@@ -81,7 +81,19 @@ def chat_payload(model: str, messages: list[dict], params: SamplingParams) -> di
         payload["top_k"] = params.top_k
     if params.ignore_eos:
         payload["ignore_eos"] = True
+    if params.structured_output is not None:
+        payload["response_format"] = response_format_json(params.structured_output)
     return payload
+
+
+def response_format_json(output: StructuredOutput) -> dict:
+    """OpenAI's `response_format` for a structured output (vLLM serves both kinds)."""
+    if output.kind == "json":
+        return {"type": "json_object"}
+    if output.kind != "json_schema":
+        raise ValueError(f"a {output.kind} structured output has no response_format")
+    schema = {"name": "output", "schema": json.loads(output.spec), "strict": output.strict}
+    return {"type": "json_schema", "json_schema": schema}
 
 
 def auth_headers(backend: InferenceBackend) -> dict[str, str]:

@@ -48,7 +48,14 @@ from chat.prompt import (
     history_turns,
     lay_out_user_turn,
 )
-from inference.engine import Delta, EngineClosedError, RequestFailedError, SamplingParams, Usage
+from inference.engine import (
+    Delta,
+    EngineClosedError,
+    RequestFailedError,
+    SamplingParams,
+    StructuredOutputError,
+    Usage,
+)
 from inference.prompts import Turn
 from retrieval.search import SearchHit, search
 
@@ -213,6 +220,8 @@ async def _open_engine(turn: TurnInput, hits: list[SearchHit], answer: Answer) -
             request_id=_request_id(turn),
             cache_salt=turn.cache_salt,
         )
+    except StructuredOutputError as error:  # a grammar that would not compile: before queueing
+        raise ChatError("invalid_response_format", str(error)) from error
     except ValueError as error:  # ContextOverflowError, PromptTooLongError: before queueing
         raise ChatError("context_overflow", str(error)) from error
     answer.prompt_content, answer.sources = user_turn.text, user_turn.sources

@@ -13,6 +13,7 @@ from inference.engine.config import (
     parse_dtype,
 )
 from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.core.structured_output import StructuredOutput, StructuredOutputError
 from inference.engine.draft_vocabulary import check_draft_vocabulary
 from inference.engine.engine import Engine
 from inference.engine.kv_cache import KVCacheSpec
@@ -48,6 +49,8 @@ __all__ = [
     "PromptTooLongError",
     "RequestFailedError",
     "SamplingParams",
+    "StructuredOutput",
+    "StructuredOutputError",
     "Usage",
     "check_draft_vocabulary",
     "check_quantization",

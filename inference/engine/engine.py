@@ -32,9 +32,11 @@ from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.detokenizer import IncrementalDetokenizer, fast_decoder
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.sequence import Sequence
+from inference.engine.core.structured_output import StructuredOutput
 from inference.engine.core_share import CoreShare
 from inference.engine.draft_vocabulary import check_draft_vocabulary
 from inference.engine.engine_core import EngineCore, OutputCallback, Request
+from inference.engine.grammar import Grammars
 from inference.engine.model_runner import ModelRunner
 from inference.engine.outputs import (
     Delta,
@@ -138,6 +140,9 @@ class Engine:
         # NOTE: HF fast tokenizers fail ("Already borrowed") when two threads encode at once;
         # whoever uses `tokenizer` outside the engine holds this lock.
         self.tokenizer_lock = threading.Lock()
+        self.grammars = Grammars(
+            tokenizer, runner.vocab_size, self.eos_token_ids, tokenizer_lock=self.tokenizer_lock
+        )
         logger.info(
             "engine ready: %d KV blocks x %d tokens, max_model_len %d, prefix caching %s",
             num_blocks, config.block_size, self.max_model_len, config.enable_prefix_caching,
@@ -173,6 +178,15 @@ class Engine:
         """
         request = self._prepare(prompt, params, request_id, cache_salt, None)
         return self._stream(request)
+
+    def compile_structured_output(self, output: StructuredOutput) -> None:
+        """Compile `output`'s grammar now, so the request that uses it starts at once.
+
+        StructuredOutputError if it cannot be served. Compiling a schema takes ~20 ms: callers on
+        an event loop call this in a worker thread before `stream` (which would compile it on
+        their loop otherwise); the compiled grammar is cached for later requests.
+        """
+        self.grammars.compile(output)
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks (at the latest after the current step)."""
@@ -264,6 +278,8 @@ class Engine:
             raise ValueError(f"cache_salt must be a string or None, got {cache_salt!r}")
         token_ids = self._prompt_token_ids(prompt)
         seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt)
+        if params.structured_output is not None:
+            seq.grammar = self.grammars.start(params.structured_output)
         # NOTE: SamplingParams.__post_init__ made `stop` a tuple of strings.
         stop = params.stop if isinstance(params.stop, tuple) else tuple(params.stop)
         detokenizer = IncrementalDetokenizer(self._decoder, token_ids, stop)

@@ -169,7 +169,9 @@ class EngineCore:
     def _propose_drafts(self) -> None:
         """Give each decoding sequence its drafts for this step (none when the batch is big)."""
         running = self.scheduler.running
-        decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1]
+        # NOTE: a constrained sequence gets no drafts: verifying them would need its grammar
+        # state at every draft position (and a rollback after a rejection).
+        decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1 and seq.grammar is None]
         for seq in running:
             seq.draft_token_ids = []
         if self.draft_proposer is not None:
@@ -267,8 +269,18 @@ class EngineCore:
             self.metrics.record_inter_token_latency(now - previous_token_time)
 
         finish_reason = None
-        if token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
+        is_grammar_done = False
+        if seq.grammar is not None and not seq.grammar.accept(token_id):
+            # NOTE: cannot happen (the sampler masked every forbidden token); if it did, the
+            # output would no longer be valid, so it ends here rather than going on.
+            logger.error("%s: token %d broke its grammar", seq.request_id, token_id)
+            is_grammar_done = True
+        elif seq.grammar is not None:
+            is_grammar_done = seq.grammar.is_terminated
+        if (
+            is_grammar_done
+            or token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in self.eos_token_ids)
         ):
             finish_reason = FinishReason.STOP
             text = detokenizer.flush()  # held-back text was not a stop string after all

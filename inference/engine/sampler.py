@@ -15,6 +15,10 @@ function of its own logits only:
 
 Rows without a seed key their noise with random keys drawn from the sampler's shared generator.
 
+Rows of a request with a structured output (`seq.grammar`, grammar.py) first have the tokens their
+grammar forbids masked to -inf, so every rule below only ever picks an allowed token, and a greedy
+row keeps the model's own choice whenever that choice is allowed.
+
 NOTE: top-k / top-p work on the top 256 candidate tokens (torch.topk) rather than a sort of the
 whole vocabulary: on CPU, sorting 32 x 49k logits takes ~100 ms per step, topk a few ms. The
 result is exact: when a row's nucleus does not fit in the candidates, more are taken, and in the
@@ -27,6 +31,7 @@ import torch
 
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.sequence import Sequence
+from inference.engine.grammar import apply_bitmask
 
 # NOTE: tried in turn; beyond the last, topk is no cheaper than sorting the whole vocabulary.
 CANDIDATE_SIZES = (256, 4096)
@@ -44,6 +49,8 @@ class Sampler:
         # NOTE: rows without a seed draw their noise keys from this generator; seeded rows never
         # touch it.
         self.generator = generator
+        # Reused between steps: one int32 word per 32 vocabulary ids per row.
+        self._bitmask: torch.Tensor | None = None
 
     def __call__(
         self, logits: torch.Tensor, seqs: list[Sequence], num_logits: list[int] | None = None
@@ -61,6 +68,9 @@ class Sampler:
             row_seqs = [seq for seq, n in zip(seqs, num_logits, strict=True) for _ in range(n)]
             offsets = [j for n in num_logits for j in range(n)]
         params = [seq.params for seq in row_seqs]
+        constrained_rows = [row for row, seq in enumerate(row_seqs) if seq.grammar is not None]
+        if constrained_rows:
+            self._mask_by_grammar(logits, row_seqs, constrained_rows)
         if any(p.has_penalties for p in params):
             logits = apply_penalties(logits, row_seqs, offsets)
         if all(p.is_greedy for p in params):
@@ -106,6 +116,24 @@ class Sampler:
                 picked = scaled.argmax(dim=-1)
             tokens[group_rows] = picked
         return tokens.tolist()
+
+    def _mask_by_grammar(
+        self, logits: torch.Tensor, row_seqs: list[Sequence], rows: list[int]
+    ) -> None:
+        """Mask, in place, what each constrained row's grammar forbids next.
+
+        NOTE: a constrained sequence never carries drafts (engine_core), so its one row is the
+        position its grammar state is at.
+        """
+        num_words = (logits.shape[1] + 31) // 32
+        bitmask = self._bitmask
+        if bitmask is None or bitmask.shape[0] < len(row_seqs) or bitmask.shape[1] != num_words:
+            bitmask = self._bitmask = torch.empty(len(row_seqs), num_words, dtype=torch.int32)
+        for row in rows:
+            grammar = row_seqs[row].grammar
+            assert grammar is not None
+            grammar.fill_bitmask(bitmask, row)
+        apply_bitmask(logits, bitmask, rows)
 
     def _noise_keys(
         self, seeds: list[int | None], positions: list[int], device: torch.device

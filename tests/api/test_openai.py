@@ -219,9 +219,6 @@ WEATHER_TOOL = {
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}},
-         "response_format"),
         ({"logprobs": True}, "logprobs"),
         ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
         ({"tools": [WEATHER_TOOL]}, "tools"),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from inference.engine.core.structured_output import StructuredOutput
+
 MAX_PENALTY = 2.0
 
 
@@ -20,6 +22,9 @@ class SamplingParams:
       (the token is counted, its text is not emitted). The model's eos token stops generation
       unless `ignore_eos`.
     - presence / frequency penalties follow the OpenAI definition over the generated tokens.
+    - `structured_output` constrains the output to a grammar (JSON, a JSON Schema, a tool-call
+      format); the request then finishes with "stop" as soon as the grammar is complete, or
+      "length" if max_tokens ran out first (its output is then an unfinished document).
     """
 
     temperature: float = 1.0
@@ -32,6 +37,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         self.temperature = _number("temperature", self.temperature)
@@ -61,6 +67,12 @@ class SamplingParams:
             setattr(self, name, value)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.structured_output is not None and not isinstance(
+            self.structured_output, StructuredOutput
+        ):
+            raise ValueError(
+                f"structured_output must be a StructuredOutput, got {self.structured_output!r}"
+            )
 
     @property
     def is_greedy(self) -> bool:

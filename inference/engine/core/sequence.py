@@ -6,8 +6,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference.engine.core.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from inference.engine.grammar import GrammarState
 
 _arrival_counter = itertools.count()
 
@@ -59,6 +63,8 @@ class Sequence:
     # NOTE: speculative tokens proposed for the next step; not part of token_ids until the model
     # has verified them (the scheduler may trim them to fit its budget and blocks).
     draft_token_ids: list[int] = field(default_factory=list)
+    # Where a structured output's grammar stands (params.structured_output); None: free text.
+    grammar: GrammarState | None = None
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)
