@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -19,14 +18,26 @@ from collections.abc import AsyncIterator
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
-from api import keys, rate_limits
+from api import rate_limits
 from api.documents import readable_collection_ids
 from api.errors import ApiError
 from api.response_format import compile_on_local_engine, structured_output_of
+from api.responses import (
+    ENGINE_ABORTED,
+    ENGINE_FAILED,
+    engine_aborted,
+    engine_or_503,
+    event_stream,
+    openai_finish_reason,
+    settle,
+    sse,
+    usage_json,
+)
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
+from api.tool_chat import tool_chat_completion, uses_tools
 from backends.replicas import remote_models
 from backends.routing import AUTO_MODEL
 from chat.answer import Answer, TurnControl, TurnInput, answer_turn
@@ -37,7 +48,6 @@ from chat.models import AssistantProfile
 from inference import runtime
 from inference.engine import (
     Delta,
-    Engine,
     EngineClosedError,
     PromptTooLongError,
     RequestFailedError,
@@ -52,37 +62,6 @@ router = Router(tags=["OpenAI-compatible"])
 
 BUNDLED_EMBEDDING_NAME = "all-MiniLM-L6-v2"
 OWNED_BY = "cachet"
-ENGINE_FAILED = {
-    "error": {
-        "message": "The engine failed while answering; retry.",
-        "type": "server_error",
-        "param": None,
-        "code": "engine_error",
-    }
-}
-# NOTE: the engine aborts a request the client did not stop when it shuts down: the model was
-# reloaded and the request outlived the old engine's drain period, or the server is stopping.
-# OpenAI has no finish reason for that; a truncated answer ending in "stop" would look whole.
-ENGINE_ABORTED_MESSAGE = (
-    "The server ended this request before it finished (the model was reloaded, or the server "
-    "is stopping); retry."
-)
-ENGINE_ABORTED = {
-    "error": {
-        "message": ENGINE_ABORTED_MESSAGE,
-        "type": "server_error",
-        "param": None,
-        "code": "engine_restarted",
-    }
-}
-
-
-def _engine_aborted() -> ApiError:
-    return ApiError(
-        503, ENGINE_ABORTED_MESSAGE, code="engine_restarted", headers={"Retry-After": "1"}
-    )
-
-
 # ---- models ----
 
 
@@ -134,23 +113,6 @@ async def _check_chat_model(requested: str) -> None:
         await _check_model(requested)
 
 
-def _engine() -> tuple[Engine, str]:
-    try:
-        engine, model_name = runtime.get_engine_and_model()
-    except runtime.EngineUnavailable as error:
-        raise ApiError(
-            503, str(error), code="model_loading", headers={"Retry-After": "5"}
-        ) from None
-    if engine.num_unfinished_requests() >= settings.CACHET_API_MAX_PENDING:
-        raise ApiError(
-            503,
-            "The server is overloaded; retry shortly.",
-            code="overloaded",
-            headers={"Retry-After": "1"},
-        )
-    return engine, model_name
-
-
 # ---- sampling ----
 
 
@@ -161,8 +123,6 @@ def refuse_unserved_fields(body: ChatCompletionRequest | CompletionRequest) -> N
     if isinstance(body, ChatCompletionRequest):
         if body.logprobs or body.top_logprobs:
             asked.append(("logprobs", "logprobs"))
-        if body.tools and body.tool_choice != "none":
-            asked.append(("tools", "tool calling (tools)"))
     elif body.logprobs is not None:
         asked.append(("logprobs", "logprobs"))
     if asked:
@@ -200,47 +160,6 @@ def sampling_params(
         )
     except ValueError as error:
         raise ApiError(400, str(error)) from None
-
-
-def _finish_reason(reason: str | None) -> str:
-    # NOTE: OpenAI knows "stop" and "length"; an aborted request ends like a stopped one.
-    return "length" if reason == "length" else "stop"
-
-
-def _usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
-    """OpenAI's usage, with the prefix-cache hits also in DeepSeek's words (hit + miss = prompt),
-    which the cache-aware client code of the inference-cost literature reads."""
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-        "prompt_cache_hit_tokens": cached_tokens,
-        "prompt_cache_miss_tokens": prompt_tokens - cached_tokens,
-    }
-
-
-async def _settle(api_key, usage: Usage | None, fallback_prompt_tokens: int = 0) -> None:
-    """Count the request's tokens against the key's budget and usage, whatever happened."""
-    prompt_tokens = usage.prompt_tokens if usage else fallback_prompt_tokens
-    completion_tokens = usage.completion_tokens if usage else 0
-    try:
-        await rate_limits.acharge_tokens(api_key, prompt_tokens + completion_tokens)
-        await keys.arecord_usage(api_key, prompt_tokens, completion_tokens, num_requests=0)
-    except Exception:  # accounting must never turn a served answer into an error
-        logger.exception("could not record the usage of API key %s", api_key.pk)
-
-
-def _sse(payload: dict | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n"
-
-
-def _event_stream(events: AsyncIterator[str]) -> StreamingHttpResponse:
-    response = StreamingHttpResponse(events, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx: pass each event through at once
-    return response
 
 
 # ---- chat completions ----
@@ -290,9 +209,21 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     await _check_chat_model(body.model)
     await rate_limits.acheck_tokens(api_key)
     params = sampling_params(body, body.max_completion_tokens or body.max_tokens)
+    if uses_tools(body):
+        if body.model not in (AUTO_MODEL, await chat_model_name()):
+            raise ApiError(
+                400,
+                f"Tool calls are answered by the local model `{await chat_model_name()}` (or "
+                "`auto`); remote backends do not take them yet.",
+                param="model",
+            )
+        engine, model_name = engine_or_503()
+        return await tool_chat_completion(
+            body, params, api_key, engine, model_name, await _default_system_prompt()
+        )
     system_prompt, history, question = _dialogue(body.messages)
     if body.model == await chat_model_name():
-        _engine()  # refuse early when the model is loading or the server overloaded
+        engine_or_503()  # refuse early when the model is loading or the server overloaded
     await compile_on_local_engine(params.structured_output)
     rag = body.rag
     turn = TurnInput(
@@ -319,7 +250,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     created = int(time.time())
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _event_stream(
+        return event_stream(
             _chat_stream(events, answer, api_key, completion_id, created, bool(rag), include_usage)
         )
     try:
@@ -327,11 +258,11 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
             async for _ in events:
                 pass
     finally:
-        await _settle(api_key, answer.usage, answer.num_prompt_tokens)
+        await settle(api_key, answer.usage, answer.num_prompt_tokens)
     if answer.finish_reason == "error":
         raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
     if answer.finish_reason == "abort":
-        raise _engine_aborted()
+        raise engine_aborted()
     body_json = {
         "id": completion_id,
         "object": "chat.completion",
@@ -341,7 +272,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": answer.text},
-                "finish_reason": _finish_reason(answer.finish_reason),
+                "finish_reason": openai_finish_reason(answer.finish_reason),
             }
         ],
         "usage": _answer_usage(answer),
@@ -354,15 +285,15 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
 def _answer_usage(answer: Answer) -> dict:
     usage = answer.usage
     if usage is None:
-        return _usage_json(answer.num_prompt_tokens, len(answer.token_ids), 0)
-    return _usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+        return usage_json(answer.num_prompt_tokens, len(answer.token_ids), 0)
+    return usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
 
 
 async def _chat_stream(
     events, answer: Answer, api_key, completion_id: str, created: int, rag: bool, usage: bool
 ) -> AsyncIterator[str]:
     def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
-        return _sse(
+        return sse(
             {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
@@ -381,14 +312,14 @@ async def _chat_stream(
                 if isinstance(event, TokenDelta):
                     yield chunk({"content": event.text})
         if answer.finish_reason == "error":
-            yield _sse(ENGINE_FAILED)
+            yield sse(ENGINE_FAILED)
             return
         if answer.finish_reason == "abort":
-            yield _sse(ENGINE_ABORTED)
+            yield sse(ENGINE_ABORTED)
             return
-        yield chunk({}, _finish_reason(answer.finish_reason))
+        yield chunk({}, openai_finish_reason(answer.finish_reason))
         if usage:
-            yield _sse(
+            yield sse(
                 {
                     "id": completion_id,
                     "object": "chat.completion.chunk",
@@ -398,9 +329,9 @@ async def _chat_stream(
                     "usage": _answer_usage(answer),
                 }
             )
-        yield _sse("[DONE]")
+        yield sse("[DONE]")
     finally:
-        await asyncio.shield(_settle(api_key, answer.usage, answer.num_prompt_tokens))
+        await asyncio.shield(settle(api_key, answer.usage, answer.num_prompt_tokens))
 
 
 # ---- completions ----
@@ -415,7 +346,7 @@ async def completions(request: HttpRequest, body: CompletionRequest):
     prompts = [body.prompt] if isinstance(body.prompt, str) else body.prompt
     if body.stream and len(prompts) > 1:
         raise ApiError(400, "Streaming takes one prompt.", param="prompt")
-    engine, model_name = _engine()
+    engine, model_name = engine_or_503()
     await compile_on_local_engine(params.structured_output)
     streams = []
     for prompt in prompts:
@@ -439,23 +370,23 @@ async def completions(request: HttpRequest, body: CompletionRequest):
     }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return _event_stream(_completion_stream(streams[0], header, api_key, include_usage))
+        return event_stream(_completion_stream(streams[0], header, api_key, include_usage))
     results = await asyncio.gather(*(_collect(stream) for stream in streams))
     usages = [usage for _, _, usage in results]
     for usage in usages:
-        await _settle(api_key, usage)
+        await settle(api_key, usage)
     if any(reason == "error" for _, reason, _ in results):
         raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
     if any(reason == "abort" for _, reason, _ in results):
-        raise _engine_aborted()
+        raise engine_aborted()
     return JsonResponse(
         {
             **header,
             "choices": [
-                _completion_choice(i, text, _finish_reason(reason))
+                _completion_choice(i, text, openai_finish_reason(reason))
                 for i, (text, reason, _) in enumerate(results)
             ],
-            "usage": _usage_json(
+            "usage": usage_json(
                 sum(u.prompt_tokens for u in usages if u),
                 sum(u.completion_tokens for u in usages if u),
                 sum(u.cached_tokens for u in usages if u),
@@ -493,26 +424,26 @@ async def _completion_stream(stream, header: dict, api_key, include_usage: bool)
                     usage = item
                     continue
                 if item.finish_reason == "abort":
-                    yield _sse(ENGINE_ABORTED)
+                    yield sse(ENGINE_ABORTED)
                     return
                 if item.text or item.finish_reason:
-                    reason = _finish_reason(item.finish_reason) if item.finish_reason else None
-                    yield _sse({**header, "choices": [_completion_choice(0, item.text, reason)]})
+                    reason = (
+                        openai_finish_reason(item.finish_reason) if item.finish_reason else None
+                    )
+                    yield sse({**header, "choices": [_completion_choice(0, item.text, reason)]})
         except RequestFailedError:
-            yield _sse(ENGINE_FAILED)
+            yield sse(ENGINE_FAILED)
             return
         except EngineClosedError:
-            yield _sse(ENGINE_ABORTED)
+            yield sse(ENGINE_ABORTED)
             return
         if include_usage and usage is not None:
-            usage_json = _usage_json(
-                usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens
-            )
-            yield _sse({**header, "choices": [], "usage": usage_json})
-        yield _sse("[DONE]")
+            totals = usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+            yield sse({**header, "choices": [], "usage": totals})
+        yield sse("[DONE]")
     finally:
         await stream.aclose()  # a vanished client: abort the engine request now
-        await asyncio.shield(_settle(api_key, usage))
+        await asyncio.shield(settle(api_key, usage))
 
 
 # ---- embeddings ----
@@ -531,7 +462,7 @@ async def embeddings(request: HttpRequest, body: EmbeddingRequest):
         )
     texts = [body.input] if isinstance(body.input, str) else body.input
     vectors, num_tokens = await sync_to_async(_embed, thread_sensitive=False)(texts)
-    await _settle(api_key, Usage("embeddings", num_tokens, 0, 0, None, 0.0, 0.0))
+    await settle(api_key, Usage("embeddings", num_tokens, 0, 0, None, 0.0, 0.0))
     as_base64 = body.encoding_format == "base64"  # the official client's default
     return {
         "object": "list",

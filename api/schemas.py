@@ -24,10 +24,25 @@ class TextPart(Lenient):
     text: str
 
 
+class FunctionCall(Lenient):
+    name: str
+    arguments: str = Field(description="The arguments as JSON text (an object).")
+
+
+class MessageToolCall(Lenient):
+    id: Annotated[str, Field(min_length=1)]
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(Lenient):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = Field(
+        default=None, description="An assistant message's calls."
+    )
+    tool_call_id: str | None = Field(default=None, description="The call a tool message answers.")
 
     @property
     def text(self) -> str:
@@ -95,8 +110,11 @@ class ChatCompletionRequest(SamplingFields):
     rag: RagOptions | None = Field(default=None, description="Extension: retrieval over documents.")
     logprobs: bool | None = Field(default=None, description="Not served yet: only false.")
     top_logprobs: int | None = Field(default=None, description="Not served yet: only 0.")
-    tools: list[dict] | None = Field(default=None, description="Not served yet: only [].")
-    tool_choice: str | dict | None = None
+    tools: list[dict] | None = Field(
+        default=None, description="Function tools (for models whose chat template defines them)."
+    )
+    tool_choice: Literal["none", "auto", "required"] | dict | None = None
+    parallel_tool_calls: bool | None = None
 
 
 class CompletionRequest(SamplingFields):
