@@ -10,7 +10,7 @@ from django.db.models import Count
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
-from api.errors import ApiError
+from api.errors import ApiError, require_staff
 from api.schemas import CollectionCreate, CollectionUpdate
 from retrieval.models import Collection
 
@@ -34,11 +34,6 @@ def collection_json(collection: Collection, *, with_readers: bool) -> dict:
     return body
 
 
-def _require_staff(user) -> None:
-    if not user.is_staff:
-        raise ApiError(403, "Only staff keys may manage collections.", code="forbidden")
-
-
 def _readable(user):
     return Collection.readable_by(user).annotate(num_documents=Count("documents", distinct=True))
 
@@ -50,29 +45,26 @@ def _readable_collection(user, collection_id: int) -> Collection:
     return collection
 
 
-def _users_named(usernames: list[str]) -> list:
-    users = list(get_user_model().objects.filter(username__in=usernames))
-    missing = sorted(set(usernames) - {user.username for user in users})
+def _named(model, field: str, names: list[str], what: str, param: str) -> list:
+    """The `model` rows whose `field` is one of `names`: a 400 naming any that do not exist."""
+    rows = list(model.objects.filter(**{f"{field}__in": names}))
+    missing = sorted(set(names) - {getattr(row, field) for row in rows})
     if missing:
-        raise ApiError(400, f"No user named {', '.join(map(repr, missing))}.", param="readers")
-    return users
-
-
-def _groups_named(names: list[str]) -> list[Group]:
-    groups = list(Group.objects.filter(name__in=names))
-    missing = sorted(set(names) - {group.name for group in groups})
-    if missing:
-        raise ApiError(
-            400, f"No group named {', '.join(map(repr, missing))}.", param="reader_groups"
-        )
-    return groups
+        raise ApiError(400, f"No {what} named {', '.join(map(repr, missing))}.", param=param)
+    return rows
 
 
 def _save(collection: Collection, readers: list[str] | None, groups: list[str] | None) -> None:
     """Save the collection and replace the reader sets given, all or nothing."""
     # NOTE: names are checked before anything is written, so a refused request changes nothing.
-    reader_users = None if readers is None else _users_named(readers)
-    reader_groups = None if groups is None else _groups_named(groups)
+    reader_users = (
+        None
+        if readers is None
+        else _named(get_user_model(), "username", readers, "user", "readers")
+    )
+    reader_groups = (
+        None if groups is None else _named(Group, "name", groups, "group", "reader_groups")
+    )
     try:
         with transaction.atomic():
             collection.save()
@@ -98,7 +90,7 @@ def list_collections(request: HttpRequest) -> dict:
 
 @router.post("/collections", summary="Create a collection (staff)", response={201: dict})
 def create_collection(request: HttpRequest, body: CollectionCreate) -> tuple[int, dict]:
-    _require_staff(request.auth.user)
+    require_staff(request.auth.user, "collections")
     collection = Collection(name=body.name, description=body.description)
     _save(collection, body.readers, body.reader_groups)
     collection.num_documents = 0
@@ -117,7 +109,7 @@ def get_collection(request: HttpRequest, collection_id: int) -> dict:
 def update_collection(request: HttpRequest, collection_id: int, body: CollectionUpdate) -> dict:
     user = request.auth.user
     collection = _readable_collection(user, collection_id)
-    _require_staff(user)
+    require_staff(user, "collections")
     if body.name is not None:
         collection.name = body.name
     if body.description is not None:
@@ -130,7 +122,7 @@ def update_collection(request: HttpRequest, collection_id: int, body: Collection
 def delete_collection(request: HttpRequest, collection_id: int) -> JsonResponse:
     user = request.auth.user
     collection = _readable_collection(user, collection_id)
-    _require_staff(user)
+    require_staff(user, "collections")
     num_documents = collection.documents.count()
     # NOTE: each document's own delete signal removes its file and vectors after the commit.
     with transaction.atomic():

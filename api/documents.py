@@ -11,7 +11,7 @@ from django.utils.datastructures import MultiValueDict
 from ninja import File, Form, Router
 from ninja.files import UploadedFile
 
-from api.errors import ApiError
+from api.errors import ApiError, require_staff
 from api.schemas import SearchRequest
 from chat.prompt import source_json
 from retrieval.forms import UploadForm
@@ -37,11 +37,6 @@ def document_json(document: Document) -> dict:
     }
 
 
-def _require_staff(user) -> None:
-    if not user.is_staff:
-        raise ApiError(403, "Only staff keys may manage documents.", code="forbidden")
-
-
 def _visible_document(user, document_id: int) -> Document:
     document = (
         Document.objects.select_related("collection")
@@ -58,7 +53,7 @@ def upload_document(
     request: HttpRequest, file: File[UploadedFile], collection: Form[int]
 ) -> tuple[int, dict]:
     user = request.auth.user
-    _require_staff(user)
+    require_staff(user, "documents")
     limit_mb = settings.CACHET_MAX_UPLOAD_MB
     if file.size > limit_mb * 1024 * 1024:
         raise ApiError(413, f"{file.name} is larger than the {limit_mb} MB limit.", param="file")
@@ -95,7 +90,7 @@ def get_document(request: HttpRequest, document_id: int) -> dict:
 def delete_document(request: HttpRequest, document_id: int) -> JsonResponse:
     user = request.auth.user
     document = _visible_document(user, document_id)
-    _require_staff(user)
+    require_staff(user, "documents")
     document.delete()
     return JsonResponse({"id": document_id, "object": "document", "deleted": True})
 

@@ -68,3 +68,9 @@ def error_response(
 
 def handle_api_error(request: HttpRequest, error: ApiError) -> JsonResponse:
     return error.response()
+
+
+def require_staff(user, what: str) -> None:
+    """403 unless the key's user is staff; `what` names what only staff may manage."""
+    if not user.is_staff:
+        raise ApiError(403, f"Only staff keys may manage {what}.", code="forbidden")

@@ -15,6 +15,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -24,6 +25,7 @@ from ninja import Router
 from api import rate_limits
 from api.documents import readable_collection_ids
 from api.errors import ApiError
+from api.logprobs import LogprobsWriter, requested_logprobs
 from api.response_format import compile_on_local_engine, structured_output_of
 from api.responses import (
     ENGINE_ABORTED,
@@ -39,7 +41,7 @@ from api.responses import (
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.tool_chat import tool_chat_completion, uses_tools
 from backends.replicas import remote_models
-from backends.routing import AUTO_MODEL
+from backends.routing import AUTO_MODEL, LOCAL_BACKEND
 from chat.answer import Answer, TurnControl, TurnInput, answer_turn
 from chat.delta_sources import cache_salt_for
 from chat.errors import ChatError
@@ -52,6 +54,7 @@ from inference.engine import (
     PromptTooLongError,
     RequestFailedError,
     SamplingParams,
+    TokenLogprob,
     Usage,
 )
 from inference.models import ModelConfig
@@ -116,31 +119,11 @@ async def _check_chat_model(requested: str) -> None:
 # ---- sampling ----
 
 
-def refuse_unserved_fields(body: ChatCompletionRequest | CompletionRequest) -> None:
-    """A 400 for a field that would change the answer but is not served yet, rather than an
-    answer made as if the field were not there (which a client would take for a served one)."""
-    asked = []
-    if isinstance(body, ChatCompletionRequest):
-        if body.logprobs or body.top_logprobs:
-            asked.append(("logprobs", "logprobs"))
-    elif body.logprobs is not None:
-        asked.append(("logprobs", "logprobs"))
-    if asked:
-        param, what = asked[0]
-        raise ApiError(
-            400,
-            f"This server does not serve {what} yet; leave the field out.",
-            param=param,
-            code="unsupported_parameter",
-        )
-
-
 def sampling_params(
     body: ChatCompletionRequest | CompletionRequest, max_tokens: int | None
 ) -> SamplingParams:
     if body.n not in (None, 1):
         raise ApiError(400, "Only n=1 is supported.", param="n")
-    refuse_unserved_fields(body)
     defaults = SamplingParams()
     cap = settings.CACHET_API_MAX_TOKENS
     if max_tokens is not None and max_tokens > cap:
@@ -157,6 +140,7 @@ def sampling_params(
             frequency_penalty=body.frequency_penalty or 0.0,
             ignore_eos=body.ignore_eos,
             structured_output=structured_output_of(body.response_format),
+            logprobs=requested_logprobs(body),
         )
     except ValueError as error:
         raise ApiError(400, str(error)) from None
@@ -251,7 +235,9 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return event_stream(
-            _chat_stream(events, answer, api_key, completion_id, created, bool(rag), include_usage)
+            _chat_stream(
+                events, answer, params, api_key, completion_id, created, bool(rag), include_usage
+            )
         )
     try:
         async with contextlib.aclosing(events):
@@ -272,6 +258,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": answer.text},
+                "logprobs": _answer_logprobs(answer, params, answer.logprobs),
                 "finish_reason": openai_finish_reason(answer.finish_reason),
             }
         ],
@@ -282,6 +269,18 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     return JsonResponse(body_json)
 
 
+def _answer_logprobs(answer: Answer, params: SamplingParams, logprobs: list) -> dict | None:
+    """Chat logprobs of `logprobs` (some of the answer's), null unless asked for and answered by
+    the local engine (remote backends are not asked for theirs)."""
+    if params.logprobs is None or answer.backend != LOCAL_BACKEND:
+        return None
+    try:
+        engine, _ = runtime.get_engine_and_model()
+    except runtime.EngineUnavailable:
+        return None
+    return LogprobsWriter(engine).chat(logprobs)
+
+
 def _answer_usage(answer: Answer) -> dict:
     usage = answer.usage
     if usage is None:
@@ -290,16 +289,32 @@ def _answer_usage(answer: Answer) -> dict:
 
 
 async def _chat_stream(
-    events, answer: Answer, api_key, completion_id: str, created: int, rag: bool, usage: bool
+    events,
+    answer: Answer,
+    params: SamplingParams,
+    api_key,
+    completion_id: str,
+    created: int,
+    rag: bool,
+    usage: bool,
 ) -> AsyncIterator[str]:
+    num_logprobs_sent = 0
+
     def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
+        nonlocal num_logprobs_sent
+        choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
+        if params.logprobs is not None:
+            # NOTE: the tokens since the last chunk (a token's text may have been held back).
+            new = answer.logprobs[num_logprobs_sent:]
+            num_logprobs_sent = len(answer.logprobs)
+            choice["logprobs"] = _answer_logprobs(answer, params, new)
         return sse(
             {
                 "id": completion_id,
                 "object": "chat.completion.chunk",
                 "created": created,
                 "model": answer.model_name,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+                "choices": [choice],
                 **extra,
             }
         )
@@ -370,21 +385,28 @@ async def completions(request: HttpRequest, body: CompletionRequest):
     }
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return event_stream(_completion_stream(streams[0], header, api_key, include_usage))
+        writer = LogprobsWriter(engine) if params.logprobs is not None else None
+        return event_stream(_completion_stream(streams[0], header, api_key, include_usage, writer))
     results = await asyncio.gather(*(_collect(stream) for stream in streams))
-    usages = [usage for _, _, usage in results]
+    usages = [result.usage for result in results]
     for usage in usages:
         await settle(api_key, usage)
-    if any(reason == "error" for _, reason, _ in results):
+    if any(result.reason == "error" for result in results):
         raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
-    if any(reason == "abort" for _, reason, _ in results):
+    if any(result.reason == "abort" for result in results):
         raise engine_aborted()
+    writer = LogprobsWriter(engine)
     return JsonResponse(
         {
             **header,
             "choices": [
-                _completion_choice(i, text, openai_finish_reason(reason))
-                for i, (text, reason, _) in enumerate(results)
+                _completion_choice(
+                    i,
+                    result.text,
+                    openai_finish_reason(result.reason),
+                    writer.completion(result.logprobs) if params.logprobs is not None else None,
+                )
+                for i, result in enumerate(results)
             ],
             "usage": usage_json(
                 sum(u.prompt_tokens for u in usages if u),
@@ -395,28 +417,44 @@ async def completions(request: HttpRequest, body: CompletionRequest):
     )
 
 
-def _completion_choice(index: int, text: str, finish_reason: str | None) -> dict:
-    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": None}
+def _completion_choice(
+    index: int, text: str, finish_reason: str | None, logprobs: dict | None = None
+) -> dict:
+    return {"index": index, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
 
 
-async def _collect(stream) -> tuple[str, str | None, Usage | None]:
-    parts, reason, usage = [], None, None
+@dataclass(slots=True)
+class _Collected:
+    text: str = ""
+    reason: str | None = None
+    usage: Usage | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+async def _collect(stream) -> _Collected:
+    collected, parts = _Collected(), []
     try:
         async for item in stream:
             if isinstance(item, Delta):
                 parts.append(item.text)
-                reason = item.finish_reason or reason
+                collected.logprobs.extend(item.logprobs)
+                collected.reason = item.finish_reason or collected.reason
             else:
-                usage = item
+                collected.usage = item
     except RequestFailedError:
-        reason = "error"
+        collected.reason = "error"
     except EngineClosedError:  # shut down between taking the engine and queueing on it
-        reason = "abort"
-    return "".join(parts), reason, usage
+        collected.reason = "abort"
+    collected.text = "".join(parts)
+    return collected
 
 
-async def _completion_stream(stream, header: dict, api_key, include_usage: bool):
+async def _completion_stream(
+    stream, header: dict, api_key, include_usage: bool, writer: LogprobsWriter | None
+):
     usage = None
+    logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
+    text_offset = 0
     try:
         try:
             async for item in stream:
@@ -426,11 +464,18 @@ async def _completion_stream(stream, header: dict, api_key, include_usage: bool)
                 if item.finish_reason == "abort":
                     yield sse(ENGINE_ABORTED)
                     return
+                logprobs.extend(item.logprobs)
                 if item.text or item.finish_reason:
                     reason = (
                         openai_finish_reason(item.finish_reason) if item.finish_reason else None
                     )
-                    yield sse({**header, "choices": [_completion_choice(0, item.text, reason)]})
+                    chunk_logprobs = None
+                    if writer is not None:
+                        chunk_logprobs = writer.completion(logprobs, text_offset)
+                        logprobs = []
+                    text_offset += len(item.text)
+                    choice = _completion_choice(0, item.text, reason, chunk_logprobs)
+                    yield sse({**header, "choices": [choice]})
         except RequestFailedError:
             yield sse(ENGINE_FAILED)
             return

@@ -99,17 +99,16 @@ class SamplingFields(Lenient):
     response_format: ResponseFormat | None = Field(
         default=None, description="Structured outputs: JSON, or JSON valid against a schema."
     )
-    # NOTE: the fields below change the answer and are not served yet; they are read so that a
-    # request asking for them is refused (api.openai.refuse_unserved_fields), never answered as
-    # if they were not there.
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     rag: RagOptions | None = Field(default=None, description="Extension: retrieval over documents.")
-    logprobs: bool | None = Field(default=None, description="Not served yet: only false.")
-    top_logprobs: int | None = Field(default=None, description="Not served yet: only 0.")
+    logprobs: bool | None = Field(default=None, description="Each token's log-probability.")
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(
+        default=None, description="And the most likely tokens' at each position (logprobs: true)."
+    )
     tools: list[dict] | None = Field(
         default=None, description="Function tools (for models whose chat template defines them)."
     )
@@ -119,7 +118,9 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     prompt: str | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_INPUTS)]
-    logprobs: int | None = Field(default=None, description="Not served yet: only null.")
+    logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(
+        default=None, description="Log-probabilities of each token and this many top tokens."
+    )
 
 
 class EmbeddingRequest(Lenient):

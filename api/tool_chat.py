@@ -171,6 +171,8 @@ async def tool_chat_completion(
 ):
     if body.rag is not None:
         raise ApiError(400, "rag cannot be combined with tools yet.", param="rag")
+    if params.logprobs is not None:
+        raise ApiError(400, "logprobs cannot be combined with tools yet.", param="logprobs")
     tools, params = tool_params(body, params)
     messages = template_messages(body.messages, default_system_prompt)
     prompt = await sync_to_async(render_prompt, thread_sensitive=False)(

@@ -54,6 +54,7 @@ from inference.engine import (
     RequestFailedError,
     SamplingParams,
     StructuredOutputError,
+    TokenLogprob,
     Usage,
 )
 from inference.prompts import Turn
@@ -98,6 +99,7 @@ class Answer:
     is_started: bool = False  # reached a backend: there is something to save
     text_parts: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the params asked (local)
     finish_reason: str | None = None
     usage: Usage | None = None
     backend: str = LOCAL_BACKEND  # who answered: "local" or an InferenceBackend's name
@@ -270,6 +272,7 @@ async def _read(stream: AsyncIterator[Delta | Usage], answer: Answer) -> AsyncIt
         async for item in stream:
             if isinstance(item, Delta):
                 answer.token_ids.extend(item.token_ids)
+                answer.logprobs.extend(item.logprobs)
                 if item.finish_reason is not None:
                     answer.finish_reason = item.finish_reason
                 if item.text:

@@ -30,6 +30,7 @@ from inference.engine.outputs import (
     GenerationResult,
     PromptTooLongError,
     RequestFailedError,
+    TokenLogprob,
     Usage,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "SamplingParams",
     "StructuredOutput",
     "StructuredOutputError",
+    "TokenLogprob",
     "Usage",
     "check_draft_vocabulary",
     "check_quantization",

@@ -37,7 +37,7 @@ from inference.engine.core.speculative import NgramProposer
 from inference.engine.draft_proposer import DraftProposer
 from inference.engine.metrics import EngineMetrics
 from inference.engine.model_runner import BatchEntry, ModelRunner
-from inference.engine.outputs import Delta, RequestFailedError, Usage
+from inference.engine.outputs import Delta, RequestFailedError, TokenLogprob, Usage
 from inference.engine.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -100,6 +100,8 @@ class EngineCore:
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
         self._last_output: SchedulerOutput | None = None
+        # The step's logprobs by request id, from sampling to postprocessing.
+        self._pending_logprobs: dict[str, TokenLogprob] = {}
 
     @property
     def has_work(self) -> bool:
@@ -169,9 +171,7 @@ class EngineCore:
     def _propose_drafts(self) -> None:
         """Give each decoding sequence its drafts for this step (none when the batch is big)."""
         running = self.scheduler.running
-        # NOTE: a constrained sequence gets no drafts: verifying them would need its grammar
-        # state at every draft position (and a rollback after a rejection).
-        decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1 and seq.grammar is None]
+        decodes = [seq for seq in running if seq.num_uncomputed_tokens == 1 and _may_draft(seq)]
         for seq in running:
             seq.draft_token_ids = []
         if self.draft_proposer is not None:
@@ -224,10 +224,29 @@ class EngineCore:
             rows = [r for row in sample_rows for r in range(first_logit[row], first_logit[row + 1])]
             logits = logits[torch.tensor(rows)]
         sampled_seqs = [output.seqs[row] for row in sample_rows]
+        # NOTE: before sampling, which masks a grammar's forbidden tokens in place.
+        logprobs = self._log_softmax_rows(logits, sampled_seqs, logits_per_seq)
         if len(logits) == len(sampled_seqs):
-            return sampled_seqs, [[token] for token in self.sampler(logits, sampled_seqs)]
-        picks = iter(self.sampler(logits, sampled_seqs, logits_per_seq))
-        return sampled_seqs, [list(itertools.islice(picks, n)) for n in logits_per_seq]
+            picks = [[token] for token in self.sampler(logits, sampled_seqs)]
+        else:
+            flat = iter(self.sampler(logits, sampled_seqs, logits_per_seq))
+            picks = [list(itertools.islice(flat, n)) for n in logits_per_seq]
+        if logprobs is not None:
+            self._pending_logprobs = token_logprobs(logprobs, sampled_seqs, picks)
+        return sampled_seqs, picks
+
+    def _log_softmax_rows(
+        self, logits: torch.Tensor, seqs: list[Sequence], logits_per_seq: list[int]
+    ) -> dict[int, torch.Tensor] | None:
+        """The model's log-probabilities at the rows of sequences that asked for logprobs (each
+        has one row: it gets no drafts), by index into `seqs`."""
+        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None]
+        if not wanted:
+            return None
+        first_rows = list(itertools.accumulate(logits_per_seq, initial=0))
+        rows = torch.tensor([first_rows[i] for i in wanted], device=logits.device)
+        log_probs = torch.log_softmax(logits[rows].float(), dim=-1)
+        return dict(zip(wanted, log_probs, strict=True))
 
     def _postprocess(
         self, output: SchedulerOutput, sampled_seqs: list[Sequence], picks: list[list[int]]
@@ -246,17 +265,21 @@ class EngineCore:
                 num_drafted += len(drafts)
                 num_accepted_total += num_accepted
             request = self.requests[seq.request_id]
+            logprob = self._pending_logprobs.pop(seq.request_id, None)
             for token_id in token_ids[: num_accepted + 1]:
                 num_appended += 1
-                if self._process_token(request, token_id, now):
+                if self._process_token(request, token_id, now, logprob):
                     break  # a stop condition (or an abort): nothing after it counts
             else:
                 self.scheduler.accept_draft_tokens(seq, num_accepted)
+        self._pending_logprobs.clear()
         if num_verified:
             self.metrics.record_speculation(num_verified, num_drafted, num_accepted_total)
         return num_appended
 
-    def _process_token(self, request: Request, token_id: int, now: float) -> bool:
+    def _process_token(
+        self, request: Request, token_id: int, now: float, logprob: TokenLogprob | None = None
+    ) -> bool:
         """Append one token, deliver its text; True when the request has finished."""
         seq, params, detokenizer = request.seq, request.seq.params, request.detokenizer
         previous_token_time = seq.last_token_time
@@ -293,11 +316,13 @@ class EngineCore:
             ) or seq.num_tokens >= self.max_model_len:
                 finish_reason = FinishReason.LENGTH
                 text += detokenizer.flush()
+        logprobs = (logprob,) if logprob is not None else ()
         if finish_reason is None:
-            self._deliver(request, Delta(seq.request_id, text, (token_id,)))
+            self._deliver(request, Delta(seq.request_id, text, (token_id,), None, logprobs))
             return seq.is_finished  # its consumer may have failed and aborted it
         self.scheduler.finish(seq, finish_reason)
-        self._deliver(request, Delta(seq.request_id, text, (token_id,), finish_reason.value))
+        reason = finish_reason.value
+        self._deliver(request, Delta(seq.request_id, text, (token_id,), reason, logprobs))
         self._complete(request, finish_reason.value)
         return True
 
@@ -323,3 +348,25 @@ class EngineCore:
             logger.warning("dropping output of %s: its consumer failed", request.seq.request_id)
             request.on_output = None
             self.abort(request.seq.request_id)
+
+
+def _may_draft(seq: Sequence) -> bool:
+    """Speculation skips sequences that need per-position state at every draft: a grammar (its
+    state at each draft, and a rollback after a rejection) or logprobs (one row per token)."""
+    return seq.grammar is None and seq.params.logprobs is None
+
+
+def token_logprobs(
+    log_probs: dict[int, torch.Tensor], seqs: list[Sequence], picks: list[list[int]]
+) -> dict[str, TokenLogprob]:
+    """Each picked token's log-probability and its row's top tokens, by request id."""
+    result = {}
+    for index, row in log_probs.items():
+        seq, [token_id] = seqs[index], picks[index]
+        num_top = seq.params.logprobs or 0
+        top: tuple[tuple[int, float], ...] = ()
+        if num_top:
+            values, ids = row.topk(num_top)
+            top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
+        result[seq.request_id] = TokenLogprob(token_id, float(row[token_id]), top)
+    return result

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inference.engine.core.sequence import Sequence
 
@@ -34,6 +34,16 @@ class RequestFailedError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A generated token's log-probability, and the most likely tokens' at its position (best
+    first; as many as the request's `logprobs`)."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Delta:
     """New output of one request since its previous delta.
 
@@ -46,6 +56,8 @@ class Delta:
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    # One per token of token_ids when the request asked for logprobs, else empty.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +110,7 @@ class GenerationResult:
     token_ids: list[int]
     finish_reason: str
     usage: Usage
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when the request asked
 
 
 class ResultCollector:
@@ -127,4 +140,5 @@ class ResultCollector:
             token_ids=[t for d in deltas for t in d.token_ids],
             finish_reason=finish_reason,
             usage=last,
+            logprobs=[lp for d in deltas for lp in d.logprobs],
         )

@@ -219,8 +219,6 @@ WEATHER_TOOL = {
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"logprobs": True}, "logprobs"),
-        ({"logprobs": True, "top_logprobs": 3}, "logprobs"),
         ({"tools": [WEATHER_TOOL]}, "tools"),
         ({"tools": [WEATHER_TOOL], "tool_choice": "required"}, "tools"),
     ],
@@ -242,8 +240,60 @@ def test_fields_that_ask_for_nothing_unserved_are_accepted(client) -> None:
     ):
         answer = client.chat.completions.create(model=MODEL, messages=MESSAGES, **GREEDY, **fields)
         assert answer.choices[0].message.content, fields
-    with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.completions.create(model=MODEL, prompt="Once", logprobs=2, **GREEDY)
+    with pytest.raises(openai.BadRequestError, match="needs logprobs"):
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, top_logprobs=2, **GREEDY)
+
+
+def test_chat_logprobs_give_each_token_with_its_top_alternatives_streamed_or_not(client) -> None:
+    answer = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, **GREEDY
+    )
+    content = answer.choices[0].logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    assert "".join(entry.token for entry in content).startswith(answer.choices[0].message.content)
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        values = [top.logprob for top in entry.top_logprobs]
+        assert values == sorted(values, reverse=True) and values[0] <= 0
+        assert entry.top_logprobs[0].token == entry.token  # greedy takes the likeliest
+        assert entry.logprob == pytest.approx(values[0])
+        assert bytes(entry.bytes).decode(errors="replace") == entry.token
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=3, stream=True, **GREEDY
+        )
+    )
+    streamed = [
+        e
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for e in c.choices[0].logprobs.content
+    ]
+    assert [(e.token, round(e.logprob, 4)) for e in streamed] == [
+        (e.token, round(e.logprob, 4)) for e in content
+    ]
+
+
+def test_completion_logprobs_come_in_the_legacy_shape_streamed_or_not(client) -> None:
+    answer = client.completions.create(model=MODEL, prompt="Once upon a time", logprobs=2, **GREEDY)
+    choice = answer.choices[0]
+    logprobs = choice.logprobs
+    assert "".join(logprobs.tokens).startswith(choice.text)
+    assert len(logprobs.token_logprobs) == answer.usage.completion_tokens
+    assert all(len(top) <= 2 and max(top.values()) <= 0 for top in logprobs.top_logprobs)
+    assert logprobs.text_offset == sorted(logprobs.text_offset) and logprobs.text_offset[0] == 0
+    chunks = list(
+        client.completions.create(
+            model=MODEL, prompt="Once upon a time", logprobs=2, stream=True, **GREEDY
+        )
+    )
+    tokens = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    assert tokens == logprobs.tokens
 
 
 def test_a_prompt_longer_than_the_context_gets_400_with_the_numbers(client) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from inference.engine.core.structured_output import StructuredOutput
 
 MAX_PENALTY = 2.0
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 
 
 @dataclass(slots=True)
@@ -22,6 +23,9 @@ class SamplingParams:
       (the token is counted, its text is not emitted). The model's eos token stops generation
       unless `ignore_eos`.
     - presence / frequency penalties follow the OpenAI definition over the generated tokens.
+    - `logprobs` (None: none) returns, with each generated token, its log-probability under the
+      model's distribution (before temperature, penalties or a grammar's mask, as vLLM reports
+      it) and the `logprobs` most likely tokens' (0: the chosen token's only).
     - `structured_output` constrains the output to a grammar (JSON, a JSON Schema, a tool-call
       format); the request then finishes with "stop" as soon as the grammar is complete, or
       "length" if max_tokens ran out first (its output is then an unfinished document).
@@ -38,6 +42,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
     structured_output: StructuredOutput | None = None
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         self.temperature = _number("temperature", self.temperature)
@@ -67,6 +72,10 @@ class SamplingParams:
             setattr(self, name, value)
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _integer("logprobs", self.logprobs)
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.structured_output is not None and not isinstance(
             self.structured_output, StructuredOutput
         ):

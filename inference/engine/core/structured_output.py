@@ -50,6 +50,7 @@ ENFORCED_FORMATS = frozenset(
         "uri-reference", "uri-template", "uuid", "json-pointer", "relative-json-pointer",
     }
 )  # fmt: skip
+JSON_TYPES = frozenset({"null", "boolean", "object", "array", "number", "integer", "string"})
 # Keywords holding one subschema, a name -> subschema map, or a list of subschemas.
 _SUBSCHEMA = ("additionalProperties", "propertyNames", "items")
 _SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
@@ -116,6 +117,18 @@ def check_json_schema(schema: object, path: str = "#") -> None:
                 f"{where}: the keyword {keyword!r} cannot be enforced during decoding; "
                 f"supported keywords: {', '.join(sorted(ENFORCED_KEYWORDS))}"
             )
+        if keyword == "$ref" and not (isinstance(value, str) and value.startswith("#")):
+            # NOTE: xgrammar would read another document's reference as "anything".
+            raise StructuredOutputError(
+                f"{where}: only references into this schema (#/...) can be followed, got {value!r}"
+            )
+        if keyword == "type":
+            types = value if isinstance(value, list) else [value]
+            if not types or any(name not in JSON_TYPES for name in types):
+                raise StructuredOutputError(
+                    f"{where}: must be one of {', '.join(sorted(JSON_TYPES))} or a non-empty "
+                    f"list of them, got {json.dumps(value)}"
+                )
         if keyword == "format" and value not in ENFORCED_FORMATS:
             raise StructuredOutputError(
                 f"{where}: the format {value!r} cannot be enforced during decoding; "

@@ -40,6 +40,9 @@ def test_a_schema_of_enforced_keywords_and_annotations_is_accepted():
         ({"$defs": {"x": {"type": "string", "format": "iri"}}}, "#/$defs/x/format"),
         ({"type": "object", "x-vendor": 1}, "#/x-vendor"),
         ({"type": "array", "contains": {"type": "integer"}}, "#/contains"),
+        ({"$ref": "https://example.com/person.json"}, "#/$ref"),
+        ({"type": []}, "#/type"),
+        ({"type": ["string", "date"]}, "#/type"),
         ({"type": "object", "dependentRequired": {"a": ["b"]}}, "#/dependentRequired"),
     ],
 )
