@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from retrieval.text_encoding import UnknownEncodingError, decode_text, has_utf16_bom
+
 if TYPE_CHECKING:
     from docx.document import Document as DocxDocumentType
 
@@ -131,13 +133,12 @@ def extract(data: bytes, filename: str, limits: Limits | None = None) -> list[Se
 
 
 def _decode(data: bytes) -> str:
-    if b"\x00" in data[:4096]:
+    if b"\x00" in data[:4096] and not has_utf16_bom(data):
         raise ExtractionError("The file looks binary, not text.")
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        # NOTE: Windows-era text files are common in team shares; cp1252 decodes every byte.
-        return data.decode("cp1252", errors="replace")
+        return decode_text(data)
+    except UnknownEncodingError as error:
+        raise ExtractionError(str(error)) from None
 
 
 def _paragraph_sections(text: str, heading_path: list[str] | None = None) -> list[Section]:

@@ -1,4 +1,5 @@
-"""BM25 over the chunk texts with bm25s.
+"""BM25 over the chunk texts with bm25s, on the terms of `retrieval.analyzer` (Chinese
+segmented, compounds such as `0.88` and `apt-get` kept).
 
 The index lives in memory and is rebuilt from the database when the set of chunks changed (a
 cheap count + max-id + checksum query tells). At 10,000 chunks a rebuild takes about a second.
@@ -11,6 +12,8 @@ import threading
 
 import bm25s
 import numpy as np
+
+from retrieval.analyzer import analyze
 
 logger = logging.getLogger(__name__)
 
@@ -25,8 +28,7 @@ class LexicalIndex:
     def build(self, chunk_ids: list[int], texts: list[str], stamp: object = None) -> None:
         retriever = bm25s.BM25()
         if texts:
-            tokens = bm25s.tokenize(texts, stopwords="en", show_progress=False)
-            retriever.index(tokens, show_progress=False)
+            retriever.index([analyze(text) for text in texts], show_progress=False)
         with self._lock:
             self._retriever = retriever if texts else None
             self._chunk_ids = np.asarray(chunk_ids, dtype=np.int64)
@@ -44,8 +46,8 @@ class LexicalIndex:
             retriever, chunk_ids = self._retriever, self._chunk_ids
         if retriever is None or limit <= 0:
             return []
-        tokens = bm25s.tokenize([query], stopwords="en", show_progress=False)
-        if not tokens.vocab:
+        terms = analyze(query)
+        if not terms:
             return []
         mask = None
         if allowed_ids is not None:
@@ -54,7 +56,7 @@ class LexicalIndex:
                 return []
         k = min(limit, len(chunk_ids))
         positions, scores = retriever.retrieve(
-            tokens, k=k, show_progress=False, weight_mask=mask, n_threads=1
+            [terms], k=k, show_progress=False, weight_mask=mask, n_threads=1
         )
         return [
             (int(chunk_ids[p]), float(s))

@@ -41,3 +41,20 @@ def test_queries_of_only_stopwords_or_an_empty_index_find_nothing() -> None:
 
 def test_the_stamp_records_which_chunk_set_was_indexed() -> None:
     assert built().stamp == "s1"
+
+
+CHINESE = {
+    1: "启用前缀缓存后，KV缓存命中率可以达到98.6%，首字延迟明显下降。",
+    2: "连续批处理让多个请求共享一次前向计算，从而提高吞吐量。",
+    3: "Speculative decoding drafts tokens with a small model; apt-get installs it.",
+}
+
+
+def test_chinese_queries_find_chinese_passages_by_their_words():
+    index = LexicalIndex()
+    index.build(list(CHINESE), list(CHINESE.values()))
+    assert index.search("缓存命中率是多少？", 3)[0][0] == 1
+    assert index.search("如何提高吞吐量", 3)[0][0] == 2
+    assert index.search("吞吐量", 3)[0][0] == 2
+    assert index.search("apt-get", 3)[0][0] == 3
+    assert index.search("快取命中率", 3)[0][0] == 1  # Traditional/Taiwanese wording
