@@ -2,9 +2,12 @@
 
 Chinese is written without spaces, so a whitespace/word-boundary tokenizer keeps a whole clause
 (`KV缓存命中率`) as one term that no query ever repeats. Runs of Han characters are therefore
-segmented with jieba's search mode (words and their shorter words: 命中率 -> 命中, 命中率) and also
-cut into overlapping character bigrams, the fallback that still matches where the document and
-the query were segmented differently, or a word is missing from jieba's dictionary.
+segmented with jieba's search mode (words and their shorter words: 命中率 -> 命中, 命中率); where
+jieba cuts a run into single characters (a word missing from its dictionary, such as a product
+name), their character bigrams are the terms instead. Measured on eval/debian-reference-zh
+(BM25 alone, whole passages): bm25s's own tokenizer 0.675 nDCG@10, jieba 0.899, bigrams alone
+0.898, jieba with every bigram as well 0.863 (each match counted twice), jieba with bigrams
+for single characters only 0.897 at the best recall@1 (0.798), which is what is used.
 Traditional characters are mapped to simplified ones first (zhconv), so 網路設定 finds 网络设置's
 passages.
 
@@ -188,22 +191,26 @@ def _other_terms(text: str) -> list[str]:
 
 def _han_terms(run: str) -> list[str]:
     simplified = zhconv.convert(run, "zh-cn")
-    if len(simplified) == 1:
-        return [] if simplified in CHINESE_STOPWORDS else [simplified]
-    words = [
-        word for word in _segment(simplified) if len(word) > 1 and word not in CHINESE_STOPWORDS
+    segmenter = chinese_segmenter()
+    terms = [
+        word
+        for word in segmenter.lcut_for_search(simplified, HMM=True)
+        if len(word) > 1 and word not in CHINESE_STOPWORDS
     ]
-    bigrams = [
-        simplified[i : i + 2]
-        for i in range(len(simplified) - 1)
-        if simplified[i] not in CHINESE_STOPWORDS and simplified[i + 1] not in CHINESE_STOPWORDS
-    ]
-    return words + bigrams
+    # The fallback: consecutive single characters of the exact segmentation are mostly a word
+    # jieba does not know (a product or a person's name), cut apart; their bigrams match it.
+    single = ""
+    for word in [*segmenter.lcut(simplified, HMM=True), ""]:
+        if len(word) == 1 and word not in CHINESE_STOPWORDS:
+            single += word
+            continue
+        terms += [single] if len(single) == 1 else _bigrams(single)
+        single = ""
+    return terms
 
 
-def _segment(text: str) -> list[str]:
-    words: list[str] = chinese_segmenter().lcut_for_search(text, HMM=True)
-    return words
+def _bigrams(text: str) -> list[str]:
+    return [text[i : i + 2] for i in range(len(text) - 1)]
 
 
 def chinese_segmenter() -> jieba.Tokenizer:

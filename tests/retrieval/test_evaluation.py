@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from io import StringIO
 from pathlib import Path
 
@@ -105,3 +106,48 @@ def test_eval_retrieval_prints_every_mode_and_cleans_up(retriever, tmp_path) -> 
 def test_eval_retrieval_refuses_a_directory_that_is_not_a_beir_set(tmp_path) -> None:
     with pytest.raises(CommandError, match="not a BEIR-layout set"):
         call_command("eval_retrieval", str(tmp_path))
+
+
+EVAL_DIR = Path(__file__).resolve().parents[2] / "eval"
+
+
+@pytest.mark.parametrize(
+    ("name", "min_queries", "query_script", "corpus_script"),
+    [
+        ("debian-reference-zh", 200, "han", "han"),
+        ("debian-reference-cross", 60, "han", "latin"),
+        ("debian-reference-cross-en", 60, "latin", "han"),
+    ],
+)
+def test_the_chinese_sets_are_beir_sets_whose_every_question_has_its_passage(
+    name, min_queries, query_script, corpus_script
+) -> None:
+    corpus, queries, qrels = load_beir(EVAL_DIR / name)
+    ids = {passage["_id"] for passage in corpus}
+    assert len(queries) >= min_queries and set(qrels) == set(queries)
+    assert all(relevant <= ids for relevant in qrels.values())
+
+    def is_han(text: str) -> bool:
+        return any("\u4e00" <= c <= "\u9fff" for c in text)
+
+    assert all(is_han(q) == (query_script == "han") for q in queries.values())
+    # NOTE: one passage of the Chinese translation was left in English upstream.
+    num_han = sum(is_han(p["text"]) for p in corpus)
+    assert num_han >= 0.99 * len(corpus) if corpus_script == "han" else num_han == 0
+    # written, not copied: no question repeats 8 Chinese characters or 8 words of its passage
+    passages = {passage["_id"]: passage["text"] for passage in corpus}
+    for query_id, question in queries.items():
+        [passage_id] = qrels[query_id]
+        assert not _shares_a_run(question, passages[passage_id], 8), question
+
+
+def _shares_a_run(question: str, passage: str, length: int) -> bool:
+    han_runs = re.findall(r"[\u4e00-\u9fff]+", question)
+    if any(
+        run[i : i + length] in passage for run in han_runs for i in range(len(run) - length + 1)
+    ):
+        return True
+    words, passage_words = question.lower().split(), " ".join(passage.lower().split())
+    return any(
+        " ".join(words[i : i + length]) in passage_words for i in range(len(words) - length + 1)
+    )
