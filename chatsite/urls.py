@@ -7,6 +7,8 @@ from inference.views import metrics
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # NOTE: vLLM's name for it, which load testers probe before a run (guidellm: GET /health).
+    path("health", healthz, name="health"),
     path("metrics", metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("chat/api/", include("chat.urls")),
