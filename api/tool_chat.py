@@ -222,28 +222,43 @@ def _split(
     return events + parser.finish() if final else events
 
 
-async def _whole(stream: AsyncIterator[Delta | Usage], header: dict, api_key, *, parse: bool):
+@dataclasses.dataclass(slots=True)
+class _Outcome:
+    reason: str | None = None
+    usage: Usage | None = None
+
+
+async def _events(
+    stream: AsyncIterator[Delta | Usage], parse: bool, outcome: _Outcome
+) -> AsyncIterator[str | ToolCall]:
+    """The answer's content and calls in order; its finish reason and usage go to `outcome`."""
     parser = ToolCallParser() if parse else None
+    async for item in stream:
+        if isinstance(item, Usage):
+            outcome.usage = item
+            continue
+        outcome.reason = item.finish_reason or outcome.reason
+        for event in _split(parser, item.text, final=item.finish_reason is not None):
+            yield event
+
+
+async def _whole(stream: AsyncIterator[Delta | Usage], header: dict, api_key, *, parse: bool):
     content: list[str] = []
     calls: list[dict] = []
-    reason, usage = None, None
+    outcome = _Outcome()
     try:
-        async for item in stream:
-            if isinstance(item, Usage):
-                usage = item
-                continue
-            reason = item.finish_reason or reason
-            for event in _split(parser, item.text, final=item.finish_reason is not None):
-                if isinstance(event, ToolCall):
-                    calls.append(_call_json(event))
-                else:
-                    content.append(event)
+        async for event in _events(stream, parse, outcome):
+            if isinstance(event, ToolCall):
+                calls.append(_call_json(event))
+            else:
+                content.append(event)
     except RequestFailedError:
-        reason = "error"
+        outcome.reason = "error"
     except EngineClosedError:
-        reason = "abort"
+        outcome.reason = "abort"
     finally:
-        await settle(api_key, usage)
+        await settle(api_key, outcome.usage)
+    reason, usage = outcome.reason, outcome.usage
     if reason == "error":
         raise ApiError(500, "The engine failed while answering; retry.", code="engine_error")
     if reason == "abort":
@@ -268,39 +283,33 @@ async def _stream(
         choice = {"index": 0, "delta": delta, "finish_reason": finish_reason}
         return sse({**header, "object": "chat.completion.chunk", "choices": [choice]})
 
-    parser = ToolCallParser() if parse else None
-    num_calls, reason, usage = 0, None, None
+    num_calls, outcome = 0, _Outcome()
     try:
         async with contextlib.aclosing(stream):
             yield chunk({"role": "assistant", "content": ""})
             try:
-                async for item in stream:
-                    if isinstance(item, Usage):
-                        usage = item
-                        continue
-                    reason = item.finish_reason or reason
-                    for event in _split(parser, item.text, final=item.finish_reason is not None):
-                        if isinstance(event, ToolCall):
-                            yield chunk({"tool_calls": [_call_json(event, num_calls)]})
-                            num_calls += 1
-                        else:
-                            yield chunk({"content": event})
+                async for event in _events(stream, parse, outcome):
+                    if isinstance(event, ToolCall):
+                        yield chunk({"tool_calls": [_call_json(event, num_calls)]})
+                        num_calls += 1
+                    else:
+                        yield chunk({"content": event})
             except RequestFailedError:
                 yield sse(ENGINE_FAILED)
                 return
             except EngineClosedError:
                 yield sse(ENGINE_ABORTED)
                 return
-        if reason == "abort":
+        if outcome.reason == "abort":
             yield sse(ENGINE_ABORTED)
             return
-        yield chunk({}, _reason(reason, num_calls))
+        yield chunk({}, _reason(outcome.reason, num_calls))
         if include_usage:
             usage_chunk = {**header, "object": "chat.completion.chunk", "choices": []}
-            yield sse(usage_chunk | {"usage": _usage(usage)})
+            yield sse(usage_chunk | {"usage": _usage(outcome.usage)})
         yield sse("[DONE]")
     finally:
-        await asyncio.shield(settle(api_key, usage))
+        await asyncio.shield(settle(api_key, outcome.usage))
 
 
 def _reason(engine_reason: str | None, calls: object) -> str:
