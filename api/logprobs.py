@@ -30,14 +30,15 @@ class LogprobsWriter:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
-    def _texts(self, token_ids: Sequence[int]) -> list[str]:
+    def _texts(self, logprobs: Sequence[TokenLogprob]) -> dict[int, str]:
+        """Each token id the logprobs mention (picked or top), decoded alone, once."""
+        ids = {lp.token_id for lp in logprobs} | {t for lp in logprobs for t, _ in lp.top}
         tokenizer = self._engine.tokenizer
         with self._engine.tokenizer_lock:
-            return [tokenizer.decode([token_id]) for token_id in token_ids]
+            return {token_id: tokenizer.decode([token_id]) for token_id in ids}
 
     def chat(self, logprobs: Sequence[TokenLogprob]) -> dict:
-        ids = [lp.token_id for lp in logprobs] + [t for lp in logprobs for t, _ in lp.top]
-        texts = dict(zip(ids, self._texts(ids), strict=True))
+        texts = self._texts(logprobs)
 
         def entry(token_id: int, logprob: float) -> dict:
             text = texts[token_id]
@@ -52,8 +53,7 @@ class LogprobsWriter:
         }
 
     def completion(self, logprobs: Sequence[TokenLogprob], text_offset: int = 0) -> dict:
-        ids = [lp.token_id for lp in logprobs] + [t for lp in logprobs for t, _ in lp.top]
-        texts = dict(zip(ids, self._texts(ids), strict=True))
+        texts = self._texts(logprobs)
         offsets, offset = [], text_offset
         for lp in logprobs:
             offsets.append(offset)

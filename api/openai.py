@@ -37,6 +37,7 @@ from api.responses import (
     settle,
     sse,
     usage_json,
+    usage_of,
 )
 from api.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingRequest
 from api.tool_chat import tool_chat_completion, uses_tools
@@ -258,7 +259,7 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": answer.text},
-                "logprobs": _answer_logprobs(answer, params, answer.logprobs),
+                "logprobs": _answer_logprobs(answer, _logprobs_writer(params), answer.logprobs),
                 "finish_reason": openai_finish_reason(answer.finish_reason),
             }
         ],
@@ -269,23 +270,32 @@ async def chat_completions(request: HttpRequest, body: ChatCompletionRequest):
     return JsonResponse(body_json)
 
 
-def _answer_logprobs(answer: Answer, params: SamplingParams, logprobs: list) -> dict | None:
-    """Chat logprobs of `logprobs` (some of the answer's), null unless asked for and answered by
-    the local engine (remote backends are not asked for theirs)."""
-    if params.logprobs is None or answer.backend != LOCAL_BACKEND:
+def _logprobs_writer(params: SamplingParams) -> LogprobsWriter | None:
+    """The writer of a request's logprobs (None: not asked for, or no local engine)."""
+    if params.logprobs is None:
         return None
     try:
         engine, _ = runtime.get_engine_and_model()
     except runtime.EngineUnavailable:
         return None
-    return LogprobsWriter(engine).chat(logprobs)
+    return LogprobsWriter(engine)
+
+
+def _answer_logprobs(
+    answer: Answer, writer: LogprobsWriter | None, logprobs: list[TokenLogprob]
+) -> dict | None:
+    """Chat logprobs of `logprobs` (some of the answer's), null unless asked for and answered by
+    the local engine (remote backends are not asked for theirs)."""
+    if writer is None or answer.backend != LOCAL_BACKEND:
+        return None
+    return writer.chat(logprobs)
 
 
 def _answer_usage(answer: Answer) -> dict:
     usage = answer.usage
     if usage is None:
         return usage_json(answer.num_prompt_tokens, len(answer.token_ids), 0)
-    return usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+    return usage_of(usage)
 
 
 async def _chat_stream(
@@ -299,6 +309,7 @@ async def _chat_stream(
     usage: bool,
 ) -> AsyncIterator[str]:
     num_logprobs_sent = 0
+    writer = _logprobs_writer(params)  # once: each chunk uses it
 
     def chunk(delta: dict, finish_reason: str | None = None, **extra) -> str:
         nonlocal num_logprobs_sent
@@ -307,7 +318,7 @@ async def _chat_stream(
             # NOTE: the tokens since the last chunk (a token's text may have been held back).
             new = answer.logprobs[num_logprobs_sent:]
             num_logprobs_sent = len(answer.logprobs)
-            choice["logprobs"] = _answer_logprobs(answer, params, new)
+            choice["logprobs"] = _answer_logprobs(answer, writer, new)
         return sse(
             {
                 "id": completion_id,
@@ -483,8 +494,7 @@ async def _completion_stream(
             yield sse(ENGINE_ABORTED)
             return
         if include_usage and usage is not None:
-            totals = usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
-            yield sse({**header, "choices": [], "usage": totals})
+            yield sse({**header, "choices": [], "usage": usage_of(usage)})
         yield sse("[DONE]")
     finally:
         await stream.aclose()  # a vanished client: abort the engine request now

@@ -11,7 +11,7 @@ from asgiref.sync import sync_to_async
 from api.errors import ApiError
 from api.schemas import ResponseFormat
 from inference import runtime
-from inference.engine import StructuredOutput, StructuredOutputError
+from inference.engine import Engine, StructuredOutput, StructuredOutputError
 
 
 def structured_output_of(response_format: ResponseFormat | None) -> StructuredOutput | None:
@@ -51,7 +51,16 @@ async def compile_on_local_engine(output: StructuredOutput | None) -> None:
         engine, _ = runtime.get_engine_and_model()
     except runtime.EngineUnavailable:
         return
+    await compile_grammar(engine, output)
+
+
+async def compile_grammar(
+    engine: Engine, output: StructuredOutput, param: str = "response_format"
+) -> None:
+    """Compile `output` on `engine` off the event loop; a 400 naming `param` if it cannot be."""
     try:
         await sync_to_async(engine.compile_structured_output, thread_sensitive=False)(output)
     except StructuredOutputError as error:
-        raise invalid_format(error) from None
+        if param == "response_format":
+            raise invalid_format(error) from None
+        raise ApiError(400, str(error), param=param) from None

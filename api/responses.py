@@ -70,6 +70,13 @@ def openai_finish_reason(reason: str | None) -> str:
     return "length" if reason == "length" else "stop"
 
 
+def usage_of(usage: Usage | None, fallback_prompt_tokens: int = 0) -> dict:
+    """`usage_json` of a request's Usage; without one (it ended before any), the prompt only."""
+    if usage is None:
+        return usage_json(fallback_prompt_tokens, 0, 0)
+    return usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)
+
+
 def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
     """OpenAI's usage, with the prefix-cache hits also in DeepSeek's words (hit + miss = prompt),
     which the cache-aware client code of the inference-cost literature reads."""

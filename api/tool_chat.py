@@ -25,6 +25,7 @@ from asgiref.sync import sync_to_async
 from django.http import JsonResponse
 
 from api.errors import ApiError
+from api.response_format import compile_grammar
 from api.responses import (
     ENGINE_ABORTED,
     ENGINE_FAILED,
@@ -33,7 +34,7 @@ from api.responses import (
     openai_finish_reason,
     settle,
     sse,
-    usage_json,
+    usage_of,
 )
 from api.schemas import ChatCompletionRequest, ChatMessage
 from chat.delta_sources import cache_salt_for
@@ -44,7 +45,6 @@ from inference.engine import (
     PromptTooLongError,
     RequestFailedError,
     SamplingParams,
-    StructuredOutputError,
     Usage,
 )
 from inference.tool_calls import (
@@ -178,17 +178,13 @@ async def tool_chat_completion(
     prompt = await sync_to_async(render_prompt, thread_sensitive=False)(
         engine, model_name, messages, tools
     )
+    if params.structured_output is not None:
+        await compile_grammar(engine, params.structured_output, param="tools")
     try:
-        if params.structured_output is not None:
-            await sync_to_async(engine.compile_structured_output, thread_sensitive=False)(
-                params.structured_output
-            )
         request_id = f"api-{uuid.uuid4().hex[:16]}"
         stream = engine.stream(prompt, params, request_id, cache_salt_for(api_key.user))
     except PromptTooLongError as error:
         raise ApiError(400, str(error), code="context_length_exceeded", param="messages") from None
-    except StructuredOutputError as error:
-        raise ApiError(400, str(error), param="tools") from None
     parse = bool(tools) and body.tool_choice != "none"
     header = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
@@ -271,7 +267,7 @@ async def _whole(stream: AsyncIterator[Delta | Usage], header: dict, api_key, *,
             **header,
             "object": "chat.completion",
             "choices": [{"index": 0, "message": message, "finish_reason": _reason(reason, calls)}],
-            "usage": _usage(usage),
+            "usage": usage_of(usage),
         }
     )
 
@@ -306,7 +302,7 @@ async def _stream(
         yield chunk({}, _reason(outcome.reason, num_calls))
         if include_usage:
             usage_chunk = {**header, "object": "chat.completion.chunk", "choices": []}
-            yield sse(usage_chunk | {"usage": _usage(outcome.usage)})
+            yield sse(usage_chunk | {"usage": usage_of(outcome.usage)})
         yield sse("[DONE]")
     finally:
         await asyncio.shield(settle(api_key, outcome.usage))
@@ -316,9 +312,3 @@ def _reason(engine_reason: str | None, calls: object) -> str:
     if calls and engine_reason == "stop":
         return "tool_calls"
     return openai_finish_reason(engine_reason)
-
-
-def _usage(usage: Usage | None) -> dict:
-    if usage is None:
-        return usage_json(0, 0, 0)
-    return usage_json(usage.prompt_tokens, usage.completion_tokens, usage.cached_tokens)

@@ -100,8 +100,6 @@ class EngineCore:
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
         self._last_output: SchedulerOutput | None = None
-        # The step's logprobs by request id, from sampling to postprocessing.
-        self._pending_logprobs: dict[str, TokenLogprob] = {}
 
     @property
     def has_work(self) -> bool:
@@ -131,8 +129,8 @@ class EngineCore:
         output = self._last_output = self.scheduler.schedule()
         num_generated = 0
         if not output.is_empty:
-            sampled_seqs, token_ids = self._execute(output)
-            num_generated = self._postprocess(output, sampled_seqs, token_ids)
+            sampled_seqs, token_ids, logprobs = self._execute(output)
+            num_generated = self._postprocess(output, sampled_seqs, token_ids, logprobs)
         self._last_output = None
         self.record_metrics(output, num_generated=num_generated)
         return not output.is_empty or output.num_preempted > 0
@@ -197,8 +195,11 @@ class EngineCore:
             num_left = min(num_left, seq.params.max_tokens - seq.num_completion_tokens)
         return num_left
 
-    def _execute(self, output: SchedulerOutput) -> tuple[list[Sequence], list[list[int]]]:
-        """Run the step; return the sequences that sample and the tokens picked for each.
+    def _execute(
+        self, output: SchedulerOutput
+    ) -> tuple[list[Sequence], list[list[int]], dict[str, TokenLogprob]]:
+        """Run the step; return the sequences that sample, the tokens picked for each, and the
+        picks' logprobs by request id (for the requests that asked).
 
         A sequence with drafts gets a pick per draft position plus one (see the module notes).
         """
@@ -217,7 +218,7 @@ class EngineCore:
                 sample_rows.append(row)
         logits = self.runner.execute(entries)
         if not sample_rows:
-            return [], []
+            return [], [], {}
         logits_per_seq = [entries[row].num_logits for row in sample_rows]
         if len(sample_rows) < len(entries):
             first_logit = list(itertools.accumulate((e.num_logits for e in entries), initial=0))
@@ -225,15 +226,15 @@ class EngineCore:
             logits = logits[torch.tensor(rows)]
         sampled_seqs = [output.seqs[row] for row in sample_rows]
         # NOTE: before sampling, which masks a grammar's forbidden tokens in place.
-        logprobs = self._log_softmax_rows(logits, sampled_seqs, logits_per_seq)
+        log_probs = self._log_softmax_rows(logits, sampled_seqs, logits_per_seq)
         if len(logits) == len(sampled_seqs):
             picks = [[token] for token in self.sampler(logits, sampled_seqs)]
         else:
             flat = iter(self.sampler(logits, sampled_seqs, logits_per_seq))
             picks = [list(itertools.islice(flat, n)) for n in logits_per_seq]
-        if logprobs is not None:
-            self._pending_logprobs = token_logprobs(logprobs, sampled_seqs, picks)
-        return sampled_seqs, picks
+        if log_probs is None:
+            return sampled_seqs, picks, {}
+        return sampled_seqs, picks, token_logprobs(log_probs, sampled_seqs, picks)
 
     def _log_softmax_rows(
         self, logits: torch.Tensor, seqs: list[Sequence], logits_per_seq: list[int]
@@ -249,7 +250,11 @@ class EngineCore:
         return dict(zip(wanted, log_probs, strict=True))
 
     def _postprocess(
-        self, output: SchedulerOutput, sampled_seqs: list[Sequence], picks: list[list[int]]
+        self,
+        output: SchedulerOutput,
+        sampled_seqs: list[Sequence],
+        picks: list[list[int]],
+        logprobs: dict[str, TokenLogprob],
     ) -> int:
         """Append each sequence's accepted tokens; return how many tokens were appended."""
         now = time.monotonic()
@@ -265,14 +270,13 @@ class EngineCore:
                 num_drafted += len(drafts)
                 num_accepted_total += num_accepted
             request = self.requests[seq.request_id]
-            logprob = self._pending_logprobs.pop(seq.request_id, None)
+            logprob = logprobs.get(seq.request_id)
             for token_id in token_ids[: num_accepted + 1]:
                 num_appended += 1
                 if self._process_token(request, token_id, now, logprob):
                     break  # a stop condition (or an abort): nothing after it counts
             else:
                 self.scheduler.accept_draft_tokens(seq, num_accepted)
-        self._pending_logprobs.clear()
         if num_verified:
             self.metrics.record_speculation(num_verified, num_drafted, num_accepted_total)
         return num_appended
@@ -292,14 +296,7 @@ class EngineCore:
             self.metrics.record_inter_token_latency(now - previous_token_time)
 
         finish_reason = None
-        is_grammar_done = False
-        if seq.grammar is not None and not seq.grammar.accept(token_id):
-            # NOTE: cannot happen (the sampler masked every forbidden token); if it did, the
-            # output would no longer be valid, so it ends here rather than going on.
-            logger.error("%s: token %d broke its grammar", seq.request_id, token_id)
-            is_grammar_done = True
-        elif seq.grammar is not None:
-            is_grammar_done = seq.grammar.is_terminated
+        is_grammar_done = seq.grammar is not None and self._advance_grammar(seq, token_id)
         if (
             is_grammar_done
             or token_id in params.stop_token_ids
@@ -323,7 +320,17 @@ class EngineCore:
         self.scheduler.finish(seq, finish_reason)
         reason = finish_reason.value
         self._deliver(request, Delta(seq.request_id, text, (token_id,), reason, logprobs))
-        self._complete(request, finish_reason.value)
+        self._complete(request, reason)
+        return True
+
+    def _advance_grammar(self, seq: Sequence, token_id: int) -> bool:
+        """Move a constrained sequence's grammar past `token_id`; True when it must end there."""
+        assert seq.grammar is not None
+        if seq.grammar.accept(token_id):
+            return seq.grammar.is_terminated
+        # NOTE: cannot happen (the sampler masked every forbidden token); if it did, the output
+        # would no longer be valid, so it ends here rather than going on.
+        logger.error("%s: token %d broke its grammar", seq.request_id, token_id)
         return True
 
     def _complete(
