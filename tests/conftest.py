@@ -65,6 +65,23 @@ def catalogue_gguf():
 
 
 @pytest.fixture(scope="session")
+def prepared_catalogue_model(catalogue_gguf):
+    """Factory: `prepared_catalogue_model("qwen2.5-coder-0.5b-instruct")` -> the model's
+    directory (config, tokenizer, the GGUF), prepared once in the data dir's models folder."""
+    from django.conf import settings
+
+    from inference.model_files import resolve_chat_model
+
+    def prepare(name: str) -> Path:
+        catalogue_gguf(name)  # fails, naming the fetch command, when the file is missing
+        return resolve_chat_model(
+            name, Path(settings.MODELS_DIR), model_cache=Path(settings.CACHET_MODEL_CACHE)
+        ).directory
+
+    return prepare
+
+
+@pytest.fixture(scope="session")
 def embedding_model_dir() -> Path:
     """The bundled sentence-transformers embedding model."""
     return resolve_embedding_model(None).directory

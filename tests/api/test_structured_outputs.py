@@ -14,17 +14,11 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from harness.live_server import LiveServer
+from tests.api.key_clients import live_server_with_a_key, openai_client
 
 pytestmark = pytest.mark.real_weights
 
 MODEL = "smollm2-135m-instruct"
-SETUP = """
-from django.contrib.auth.models import User
-from api.models import ApiKey
-_, key = ApiKey.create_for(User.objects.create_user("integrator"), "ci")
-print(key)
-"""
 GREEDY = {"temperature": 0, "max_tokens": 120, "seed": 0}
 # NOTE: examples in the history make even this model answer with a short object (in float32 and
 # bf16 alike); asked plainly, it writes runaway numbers until max_tokens.
@@ -66,15 +60,13 @@ def city_format(schema: dict = CITY, strict: bool = True) -> dict:
 
 @pytest.fixture(scope="module")
 def server(chat_model_dir):
-    with LiveServer(models_dir=chat_model_dir.parent) as live:
-        live.key = live.shell(SETUP).strip()
-        live.start()
+    with live_server_with_a_key(chat_model_dir.parent) as live:
         yield live
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
+    return openai_client(server)
 
 
 def test_the_official_clients_parse_helper_gets_a_valid_object(client) -> None:
@@ -156,7 +148,7 @@ def test_a_schema_that_cannot_be_kept_is_a_400_naming_the_problem(
 
 
 def test_a_malformed_response_format_is_a_400(server) -> None:
-    raw = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
+    raw = openai_client(server)
     for response_format in (
         {"type": "xml"},
         {"type": "json_schema", "json_schema": {"schema": {}}},

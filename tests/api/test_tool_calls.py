@@ -5,22 +5,15 @@ can send, each a 400 in OpenAI's shape before anything is queued."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import openai
 import pytest
 
-from harness.live_server import LiveServer
+from tests.api.key_clients import live_server_with_a_key, openai_client
 
 pytestmark = pytest.mark.real_weights
 
 MODEL = "qwen2.5-coder-0.5b-instruct"
-SETUP = """
-from django.contrib.auth.models import User
-from api.models import ApiKey
-_, key = ApiKey.create_for(User.objects.create_user("integrator"), "ci")
-print(key)
-"""
 GREEDY = {"temperature": 0, "max_tokens": 80, "seed": 0}
 WEATHER = {
     "type": "function",
@@ -47,25 +40,18 @@ SYSTEM = {
 
 
 @pytest.fixture(scope="module")
-def server(catalogue_gguf):
+def server(prepared_catalogue_model):
     from django.conf import settings
 
-    from inference.model_files import resolve_chat_model
-
-    catalogue_gguf(MODEL)
-    directory = resolve_chat_model(
-        MODEL, Path(settings.MODELS_DIR), model_cache=Path(settings.CACHET_MODEL_CACHE)
-    ).directory
+    directory = prepared_catalogue_model(MODEL)
     env = {"CACHET_MODEL": MODEL, "CACHET_MODEL_CACHE": str(settings.CACHET_MODEL_CACHE)}
-    with LiveServer(models_dir=directory.parent, env=env) as live:
-        live.key = live.shell(SETUP).strip()
-        live.start()
+    with live_server_with_a_key(directory.parent, env) as live:
         yield live
 
 
 @pytest.fixture(scope="module")
 def client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
+    return openai_client(server)
 
 
 def get_weather(city: str) -> dict:
@@ -189,7 +175,7 @@ CALL = {
     ],
 )  # fmt: skip
 def test_bad_tool_input_is_a_400_naming_the_field(server, fields, param, message) -> None:
-    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.key, max_retries=0)
+    client = openai_client(server)
     body = {"messages": [QUESTION], **fields}
     extra = {"rag": body.pop("rag")} if "rag" in body else None
     with pytest.raises(openai.BadRequestError) as refused:

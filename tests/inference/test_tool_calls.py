@@ -110,19 +110,8 @@ def test_a_tool_choice_must_name_a_given_tool():
 
 
 @pytest.fixture(scope="module")
-def qwen_grammars(catalogue_gguf):
-    from pathlib import Path
-
-    from django.conf import settings
-
-    from inference.model_files import resolve_chat_model
-
-    catalogue_gguf("qwen2.5-coder-0.5b-instruct")
-    directory = resolve_chat_model(
-        "qwen2.5-coder-0.5b-instruct",
-        Path(settings.MODELS_DIR),
-        model_cache=Path(settings.CACHET_MODEL_CACHE),
-    ).directory
+def qwen_grammars(prepared_catalogue_model):
+    directory = prepared_catalogue_model("qwen2.5-coder-0.5b-instruct")
     tokenizer = AutoTokenizer.from_pretrained(str(directory))
     assert supports_tool_calls(tokenizer.chat_template)
     return Grammars(tokenizer, len(tokenizer), [tokenizer.convert_tokens_to_ids("<|im_end|>")])
