@@ -6,6 +6,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
 
 from api.models import ApiKey
 
@@ -42,13 +44,13 @@ class ApiKeyAdmin(admin.ModelAdmin):
     )
     add_fieldsets = (
         (None, {"fields": ("user", "name")}),
-        ("Limits", {"fields": ("requests_per_minute", "tokens_per_minute")}),
+        (_("Limits"), {"fields": ("requests_per_minute", "tokens_per_minute")}),
     )
     fieldsets = (
         (None, {"fields": ("user", "name", "prefix_display", "is_active", "revoked_at")}),
-        ("Limits", {"fields": ("requests_per_minute", "tokens_per_minute")}),
+        (_("Limits"), {"fields": ("requests_per_minute", "tokens_per_minute")}),
         (
-            "Usage",
+            _("Usage"),
             {
                 "fields": (
                     "num_requests",
@@ -70,24 +72,24 @@ class ApiKeyAdmin(admin.ModelAdmin):
         # A key keeps its owner: give another user their own key instead.
         return ("user", *self.readonly_fields)
 
-    @admin.display(description="prefix", ordering="prefix")
+    @admin.display(description=_("prefix"), ordering="prefix")
     def prefix_display(self, api_key: ApiKey) -> str:
         return f"{api_key.prefix}…"
 
-    @admin.display(description="active", boolean=True)
+    @admin.display(description=_("active"), boolean=True)
     def is_active(self, api_key: ApiKey) -> bool:
         return api_key.is_active
 
-    @admin.display(description="requests/min", ordering="requests_per_minute")
+    @admin.display(description=_("requests/min"), ordering="requests_per_minute")
     def requests_per_minute_display(self, api_key: ApiKey) -> str:
         if api_key.requests_per_minute is None:
-            return f"{api_key.effective_requests_per_minute} (default)"
+            return _with_default_note(api_key.effective_requests_per_minute)
         return str(api_key.requests_per_minute)
 
-    @admin.display(description="tokens/min", ordering="tokens_per_minute")
+    @admin.display(description=_("tokens/min"), ordering="tokens_per_minute")
     def tokens_per_minute_display(self, api_key: ApiKey) -> str:
         if api_key.tokens_per_minute is None:
-            return f"{api_key.effective_tokens_per_minute} (default)"
+            return _with_default_note(api_key.effective_tokens_per_minute)
         return str(api_key.tokens_per_minute)
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form, change: bool) -> None:
@@ -99,13 +101,17 @@ class ApiKeyAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         self.message_user(
             request,
-            f"Copy this key now, it will not be shown again: {raw}",
+            gettext("Copy this key now, it will not be shown again: %(key)s") % {"key": raw},
             messages.SUCCESS,
         )
 
-    @admin.action(description="Revoke selected keys")
+    @admin.action(description=_("Revoke selected keys"))
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = queryset.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
-        self.message_user(
-            request, f"Revoked {count} key{'' if count == 1 else 's'}.", messages.SUCCESS
-        )
+        message = ngettext("Revoked %(count)d key.", "Revoked %(count)d keys.", count)
+        self.message_user(request, message % {"count": count}, messages.SUCCESS)
+
+
+def _with_default_note(limit: int) -> str:
+    """A limit that comes from the setting, marked as the default."""
+    return gettext("%(limit)d (default)") % {"limit": limit}

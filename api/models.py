@@ -14,6 +14,8 @@ from django.conf import settings
 from django.core.validators import MinValueValidator
 from django.db import models
 from django.utils import timezone
+from django.utils.text import format_lazy
+from django.utils.translation import gettext_lazy as _
 
 KEY_PREFIX = "ck-"
 # The part of a key kept in clear: "ck-" and 9 random characters (54 bits), enough to tell keys
@@ -38,12 +40,13 @@ def hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def _limit_field(setting: str) -> models.PositiveIntegerField:
+def _limit_field(verbose_name: str, setting: str) -> models.PositiveIntegerField:
     return models.PositiveIntegerField(
+        verbose_name,
         null=True,
         blank=True,
         validators=[MinValueValidator(1)],
-        help_text=f"Empty: the {setting} setting.",
+        help_text=format_lazy(_("Empty: the {setting} setting."), setting=setting),
     )
 
 
@@ -52,23 +55,31 @@ class ApiKey(models.Model):
         settings.AUTH_USER_MODEL,
         on_delete=models.CASCADE,
         related_name="api_keys",
-        help_text="The key acts as this user (documents it may read or, if staff, manage).",
+        verbose_name=_("user"),
+        help_text=_("The key acts as this user (documents it may read or, if staff, manage)."),
     )
-    name = models.CharField(max_length=100, help_text="What the key is for, e.g. 'CI pipeline'.")
-    prefix = models.CharField(max_length=PREFIX_LENGTH, db_index=True, editable=False)
-    key_hash = models.CharField(max_length=64, unique=True, editable=False)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
-    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
-    requests_per_minute = _limit_field("CACHET_API_REQUESTS_PER_MINUTE")
-    tokens_per_minute = _limit_field("CACHET_API_TOKENS_PER_MINUTE")
+    name = models.CharField(
+        _("name"), max_length=100, help_text=_("What the key is for, e.g. 'CI pipeline'.")
+    )
+    prefix = models.CharField(_("prefix"), max_length=PREFIX_LENGTH, db_index=True, editable=False)
+    key_hash = models.CharField(_("key hash"), max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    last_used_at = models.DateTimeField(_("last used at"), null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(_("revoked at"), null=True, blank=True, editable=False)
+    requests_per_minute = _limit_field(_("requests per minute"), "CACHET_API_REQUESTS_PER_MINUTE")
+    tokens_per_minute = _limit_field(_("tokens per minute"), "CACHET_API_TOKENS_PER_MINUTE")
     # Usage since the key was made; only ever changed with F() updates (see api.keys.record_usage).
-    num_requests = models.PositiveBigIntegerField(default=0, editable=False)
-    num_prompt_tokens = models.PositiveBigIntegerField(default=0, editable=False)
-    num_completion_tokens = models.PositiveBigIntegerField(default=0, editable=False)
+    num_requests = models.PositiveBigIntegerField(_("requests"), default=0, editable=False)
+    num_prompt_tokens = models.PositiveBigIntegerField(
+        _("prompt tokens"), default=0, editable=False
+    )
+    num_completion_tokens = models.PositiveBigIntegerField(
+        _("completion tokens"), default=0, editable=False
+    )
 
     class Meta:
-        verbose_name = "API key"
+        verbose_name = _("API key")
+        verbose_name_plural = _("API keys")
         ordering = ["-created_at", "-id"]
         constraints = [
             # NOTE: the validators guard forms and full_clean(); these guard every other write.

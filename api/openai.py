@@ -60,17 +60,18 @@ from inference.engine import (
 )
 from inference.models import ModelConfig
 from inference.prompts import Turn
+from retrieval.embedders import EmbedKind
 
 logger = logging.getLogger(__name__)
 router = Router(tags=["OpenAI-compatible"])
 
-BUNDLED_EMBEDDING_NAME = "all-MiniLM-L6-v2"
 OWNED_BY = "cachet"
 # ---- models ----
 
 
 def embedding_model_name() -> str:
-    return settings.CACHET_EMBEDDING_MODEL or BUNDLED_EMBEDDING_NAME
+    name: str = settings.CACHET_EMBEDDING_MODEL
+    return name
 
 
 @sync_to_async
@@ -516,7 +517,9 @@ async def embeddings(request: HttpRequest, body: EmbeddingRequest):
             param="model",
         )
     texts = [body.input] if isinstance(body.input, str) else body.input
-    vectors, num_tokens = await sync_to_async(_embed, thread_sensitive=False)(texts)
+    vectors, num_tokens = await sync_to_async(_embed, thread_sensitive=False)(
+        texts, body.input_type or "passage"
+    )
     await settle(api_key, Usage("embeddings", num_tokens, 0, 0, None, 0.0, 0.0))
     as_base64 = body.encoding_format == "base64"  # the official client's default
     return {
@@ -538,9 +541,9 @@ async def embeddings(request: HttpRequest, body: EmbeddingRequest):
     }
 
 
-def _embed(texts: list[str]):
+def _embed(texts: list[str], kind: EmbedKind):
     from retrieval.embeddings import get_embedder
 
     embedder = get_embedder()
     num_tokens = sum(len(ids) for ids in embedder.tokenizer(texts)["input_ids"])
-    return embedder.encode(texts), num_tokens
+    return embedder.encode(texts, kind=kind), num_tokens

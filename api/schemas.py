@@ -128,6 +128,9 @@ class EmbeddingRequest(Lenient):
     input: str | Annotated[list[str], Field(min_length=1, max_length=MAX_BATCH_INPUTS)]
     encoding_format: Literal["float", "base64"] | None = "float"
     user: str | None = None
+    # NOTE: not OpenAI's; NVIDIA's and Cohere's name for it. Asymmetric models (e5) embed search
+    # queries and indexed passages differently; unset, texts are embedded as passages.
+    input_type: Literal["query", "passage"] | None = None
 
 
 class SearchRequest(Lenient):

@@ -10,6 +10,8 @@ from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from backends.health import check_and_record
 from backends.models import InferenceBackend
@@ -21,15 +23,19 @@ class InferenceBackendForm(forms.ModelForm):
     base_url = forms.URLField(
         max_length=500,
         assume_scheme="http",
+        label=InferenceBackend._meta.get_field("base_url").verbose_name,
         help_text=InferenceBackend._meta.get_field("base_url").help_text,
     )
     api_key = forms.CharField(
         required=False,
         strip=True,
         widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
-        help_text="Sent as 'Authorization: Bearer <key>'. Leave empty to keep the current key.",
+        label=_("API key"),
+        help_text=_("Sent as 'Authorization: Bearer <key>'. Leave empty to keep the current key."),
     )
-    clear_api_key = forms.BooleanField(required=False, help_text="Remove the stored key.")
+    clear_api_key = forms.BooleanField(
+        required=False, label=_("Clear API key"), help_text=_("Remove the stored key.")
+    )
 
     class Meta:
         model = InferenceBackend
@@ -48,7 +54,7 @@ class InferenceBackendForm(forms.ModelForm):
         if not key and self.instance.pk is not None:
             return self.instance.api_key  # NOTE: empty means "unchanged", never "erase"
         if key and len(key.split()) > 1:
-            raise forms.ValidationError("A bearer token is one word (no spaces).")
+            raise forms.ValidationError(gettext("A bearer token is one word (no spaces)."))
         return key
 
     def save(self, commit: bool = True) -> InferenceBackend:
@@ -78,15 +84,15 @@ class InferenceBackendAdmin(admin.ModelAdmin):
     actions = ("check_health_of_selected",)
     fieldsets = (
         (None, {"fields": ("name", "base_url", "api_key", "clear_api_key", "model")}),
-        ("Routing", {"fields": ("weight", "is_enabled", "takes_complex_requests")}),
-        ("Health", {"fields": ("health", "health_detail", "health_checked_at")}),
+        (_("Routing"), {"fields": ("weight", "is_enabled", "takes_complex_requests")}),
+        (_("Health"), {"fields": ("health", "health_detail", "health_checked_at")}),
     )
 
-    @admin.display(boolean=True, description="API key")
+    @admin.display(boolean=True, description=_("API key"))
     def has_api_key(self, backend: InferenceBackend) -> bool:
         return bool(backend.api_key)
 
-    @admin.action(description="Check health of the selected backends")
+    @admin.action(description=_("Check health of the selected backends"))
     def check_health_of_selected(self, request: HttpRequest, queryset: QuerySet) -> None:
         for backend in queryset:
             result = check_and_record(backend)

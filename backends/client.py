@@ -8,7 +8,10 @@ refuse too. Iterating yields the engine's own `Delta` and `Usage` items, so a ch
 remote answer exactly like a local one; the usage maps `prompt_tokens_details.cached_tokens`.
 
 `abort()` (from any task) or `aclose()` closes the connection, which is how a client cancels an
-OpenAI stream: vLLM and Cachet both abort the request when its client goes away.
+OpenAI stream: vLLM and Cachet both abort the request when its client goes away. A stream that
+broke after it had started (the connection lost, the remote silent too long) keeps why in
+`failure`; `on_close`, awaited once when the stream is closed, lets the router count the
+request finished and mark a replica that broke down (backends.replicas).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import httpx
 
@@ -135,6 +138,9 @@ class RemoteStream:
         self._response: httpx.Response | None = None
         self._stopped = asyncio.Event()
         self._started = time.monotonic()
+        self._is_closed = False
+        self.failure: str | None = None  # why the stream broke after it had started
+        self.on_close: Callable[[RemoteStream], Awaitable[None]] | None = None
 
     async def open(self) -> None:
         # NOTE: a client per request: closing its one connection is what aborts the request on
@@ -179,6 +185,10 @@ class RemoteStream:
         if self._client is not None:
             with contextlib.suppress(Exception):
                 await self._client.aclose()
+        if not self._is_closed:
+            self._is_closed = True
+            if self.on_close is not None:
+                await self.on_close(self)
 
     async def __aiter__(self) -> AsyncIterator[Delta | Usage]:
         if self._response is None:
@@ -210,9 +220,8 @@ class RemoteStream:
                             finish = reason if reason in OPENAI_FINISH_REASONS else "stop"
                         yield Delta(self.request_id, text, (), finish)
         except httpx.HTTPError as error:
-            raise RemoteStreamError(
-                f"{self.backend.name}: the stream broke: {type(error).__name__}: {error}"
-            ) from None
+            self.failure = f"the stream broke: {type(error).__name__}: {error}"
+            raise RemoteStreamError(f"{self.backend.name}: {self.failure}") from None
         finally:
             await self.aclose()
         if usage is not None:

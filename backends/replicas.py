@@ -1,11 +1,24 @@
 """Replica selection with failover: which backend of a model's pool takes a request.
 
-The enabled backends serving one model are its replicas. Healthy (or not yet checked) replicas
-come first, in a random order weighted by `weight` (a replica of weight 3 comes first three times
-as often as one of weight 1); replicas marked down follow once CACHET_BACKEND_RETRY_S have
-passed since they failed (the request itself is their re-check), and are skipped before that.
+The enabled backends serving one model are its replicas; CACHET_ROUTING chooses how a request
+picks one:
+
+- `prefix` (the default): by the conversation's opening (backends.prefix_routing). Replicas
+  that are healthy, not yet checked, or marked down but rested CACHET_BACKEND_RETRY_S (the
+  request itself is their re-check) are on a consistent-hash ring; a request tries them in its
+  key's ring order, replicas at their load bound last. A replica marked down and still resting
+  is off the ring: its keys go to the next replica on the ring, and come back once it is tried
+  again and answers (or a health check marks it up).
+- `random`: healthy (or not yet checked) replicas first, in a random order weighted by `weight`
+  (a replica of weight 3 comes first three times as often as one of weight 1); rested replicas
+  marked down follow, resting ones are skipped.
+
 `open_stream` tries them in that order until one accepts the request: a replica that cannot take
-it is marked down and the next one is tried, so a stopped server costs one failed connection.
+it is marked down and the next one is tried, so a stopped server costs one failed connection. A
+stream that breaks once it has started (the replica died mid-answer) marks its replica down too;
+that answer ends as an error (its tokens already reached the client), the next request goes
+elsewhere. Open streams are counted per replica for the load bound until they are closed (or
+garbage-collected).
 
 Most sites enable no backend at all, so "none is enabled" is remembered (`enabled_backends`):
 then routing a turn reads nothing from the database.
@@ -18,6 +31,7 @@ import math
 import random
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 
 from channels.db import database_sync_to_async
@@ -31,12 +45,17 @@ from backends import metrics
 from backends.client import BackendUnavailable, RemoteStream, chat_payload
 from backends.health import amark_down, amark_up
 from backends.models import InferenceBackend
+from backends.prefix_routing import InFlight, bounded_order, prefix_key, ring_order
 from inference.engine import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 # How long another process's "none is enabled" may stand after a backend is enabled here.
 NONE_ENABLED_TTL_S = 5.0
+ROUTING_MODES = ("prefix", "random")  # CACHET_ROUTING
+
+# This process's open streams per replica name: the load the bound of prefix routing looks at.
+in_flight = InFlight()
 
 
 class NoReplicaAvailable(RuntimeError):
@@ -56,11 +75,19 @@ def weighted_order(
 
 
 def order_replicas(
-    replicas: Sequence[InferenceBackend], *, now=None, rng: random.Random | None = None
+    replicas: Sequence[InferenceBackend],
+    *,
+    key: bytes | None = None,
+    now=None,
+    rng: random.Random | None = None,
 ) -> list[InferenceBackend]:
-    """The order to try `replicas` in (see the module doc); replicas resting after a failure are
-    left out."""
+    """The order to try `replicas` in for a request of routing key `key` (see the module doc);
+    replicas resting after a failure are left out. Without a key, or with CACHET_ROUTING
+    `random`, the random weighted order."""
     now = now or timezone.now()
+    if key is not None and settings.CACHET_ROUTING == "prefix":
+        on_ring = [b for b in replicas if b.is_due_for_retry(now)]
+        return bounded_order(ring_order(on_ring, key), in_flight.snapshot())
     usable = [b for b in replicas if b.health != InferenceBackend.Health.DOWN]
     retry = [
         b for b in replicas if b.health == InferenceBackend.Health.DOWN and b.is_due_for_retry(now)
@@ -132,8 +159,26 @@ def remote_models() -> list[str]:
 
 
 @database_sync_to_async
-def _replicas_to_try(model: str) -> list[InferenceBackend]:
-    return order_replicas(replicas_of(model))
+def _replicas_to_try(model: str, key: bytes) -> list[InferenceBackend]:
+    return order_replicas(replicas_of(model), key=key)
+
+
+def _counted(stream: RemoteStream) -> RemoteStream:
+    """`stream`, counted in flight on its replica until it is closed or garbage-collected; when
+    it broke mid-answer, its replica is marked down as it closes."""
+    name = stream.backend.name
+    in_flight.begin(name)
+    # NOTE: a stream its caller drops without closing must not hold its count for ever.
+    finished = weakref.finalize(stream, in_flight.end, name)
+
+    async def on_close(closed: RemoteStream) -> None:
+        finished()
+        if closed.failure is not None:
+            logger.warning("backend %s failed mid-answer: %s", name, closed.failure)
+            await amark_down(closed.backend, closed.failure)
+
+    stream.on_close = on_close
+    return stream
 
 
 async def open_stream(
@@ -146,9 +191,9 @@ async def open_stream(
     """
     payload = chat_payload(model, messages, params)
     failures: list[str] = []
-    for backend in await _replicas_to_try(model):
-        stream = RemoteStream(
-            backend, payload, request_id, timeout_s=settings.CACHET_BACKEND_TIMEOUT_S
+    for backend in await _replicas_to_try(model, prefix_key(messages)):
+        stream = _counted(
+            RemoteStream(backend, payload, request_id, timeout_s=settings.CACHET_BACKEND_TIMEOUT_S)
         )
         try:
             await stream.open()

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from backends.models import InferenceBackend
 from backends.replicas import enabled_backends
@@ -37,9 +38,9 @@ AUTO_MODEL = "auto"
 
 
 class ProfileRouting(models.TextChoices):
-    AUTO = "auto", "by the rules (prompt length, retrieval size)"
-    LOCAL = "local", "always the in-process engine"
-    REMOTE = "remote", "always the remote model for complex requests"
+    AUTO = "auto", _("by the rules (prompt length, retrieval size)")
+    LOCAL = "local", _("always the in-process engine")
+    REMOTE = "remote", _("always the remote model for complex requests")
 
 
 class UnknownModelError(ValueError):

@@ -13,7 +13,7 @@ questions submitted to the engine at once (continuous batching):
   passages, today's facts, the question) under the same short-answer instruction. The share of
   questions whose gold passage was retrieved is reported beside it.
 
-Scores follow the official SQuAD normalisation (bench/answer_metrics.py). Models are named as
+Scores follow the official SQuAD normalisation (evals/answer_metrics.py). Models are named as
 `resolve_chat_model` takes them (a catalogue name, a .gguf, a directory, a hub id; none: the
 catalogue's default model, with `--smoke` the bundled one); `--model` and `--quantization`
 repeat, every model is measured in every format, one engine at a time.
@@ -38,7 +38,6 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from bench.answer_metrics import score_answer
 from bench.squad_questions import (
     DEFAULT_SQUAD_DIR,
     SquadDataError,
@@ -46,9 +45,10 @@ from bench.squad_questions import (
     load_passages,
     load_questions,
 )
+from evals.answer_metrics import score_answer
 from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
-from inference.prompts import PromptBuilder
+from inference.prompts import BuiltPrompt, PromptBuilder
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +116,17 @@ def end_to_end_prompts(
     model_name: str,
 ) -> list[list[int]]:
     """Each question with its retrieved passages, laid out by the chat turn's own builder."""
+    built = end_to_end_built_prompts(builder, questions, hits, model_name)
+    return [prompt.token_ids for prompt in built]
+
+
+def end_to_end_built_prompts(
+    builder: PromptBuilder,
+    questions: Sequence[SquadQuestion],
+    hits: Sequence[Sequence],
+    model_name: str,
+) -> list[BuiltPrompt]:
+    """`end_to_end_prompts` with where each prompt's passages are (for chunk-KV reuse)."""
     from chat.prompt import build_with_passages
 
     prompts = []
@@ -130,7 +141,7 @@ def end_to_end_prompts(
             today=E2E_TODAY,
             max_tokens=MAX_ANSWER_TOKENS,
         )
-        prompts.append(prompt.token_ids)
+        prompts.append(prompt)
     return prompts
 
 
@@ -365,11 +376,44 @@ def scratch_site() -> Iterator[None]:
         yield
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, *, questions: int, smoke: int) -> None:
+    """The options of both answer benchmarks (this one and bench.answer_language)."""
+    parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
+    parser.add_argument("--mode", action="append", choices=MODES, help="repeat (default: both)")
+    parser.add_argument("--questions", type=int, default=questions)
+    parser.add_argument(
+        "--index-passages",
+        type=int,
+        help="end to end: index the first N corpus passages and the gold ones (default: all)",
+    )
+    parser.add_argument("--top-k", type=int, help="passages per question (default: the site's)")
+    parser.add_argument("--models-dir", type=Path, default=None, help="default: the data dir's")
+    parser.add_argument("--kv-cache-mb", type=int, default=512)
+    parser.add_argument("--smoke", action="store_true", help=f"{smoke} questions, a small index")
+
+
+def parse_run_arguments(
+    parser: argparse.ArgumentParser, argv: list[str] | None, *, smoke: int
+) -> tuple[argparse.Namespace, tuple[str, ...], Path]:
+    """The arguments (`--smoke` applied, checked), the modes to run, the models directory."""
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.questions = smoke
+        args.index_passages = (
+            SMOKE_INDEX_PASSAGES if args.index_passages is None else args.index_passages
+        )
+    if args.questions < 1 or (args.index_passages is not None and args.index_passages < 0):
+        parser.error("--questions must be at least 1, --index-passages at least 0")
+    modes = tuple(dict.fromkeys(args.mode or MODES))
+    models_dir = args.models_dir or default_models_dir()  # before a scratch site moves the data dir
+    return args, modes, models_dir
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.answer_quality", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
+    add_run_arguments(parser, questions=DEFAULT_QUESTIONS, smoke=SMOKE_QUESTIONS)
     parser.add_argument(
         "--model",
         action="append",
@@ -379,31 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quantization", action="append", help="none, int8, int4...; repeat (default: none)"
     )
-    parser.add_argument("--mode", action="append", choices=MODES, help="repeat (default: both)")
-    parser.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS)
     parser.add_argument("--squad-dir", type=Path, default=DEFAULT_SQUAD_DIR)
-    parser.add_argument(
-        "--index-passages",
-        type=int,
-        help="end to end: index the first N corpus passages and the gold ones (default: all)",
-    )
-    parser.add_argument("--top-k", type=int, help="passages per question (default: the site's)")
-    parser.add_argument("--models-dir", type=Path, default=None, help="default: the data dir's")
     parser.add_argument("--dtype", default="auto", help="engine dtype (auto: bf16 where native)")
-    parser.add_argument("--kv-cache-mb", type=int, default=512)
-    parser.add_argument(
-        "--smoke", action="store_true", help=f"{SMOKE_QUESTIONS} questions, a small index"
-    )
-    args = parser.parse_args(argv)
-    if args.smoke:
-        args.questions = SMOKE_QUESTIONS
-        args.index_passages = (
-            SMOKE_INDEX_PASSAGES if args.index_passages is None else args.index_passages
-        )
-    if args.questions < 1 or (args.index_passages is not None and args.index_passages < 0):
-        parser.error("--questions must be at least 1, --index-passages at least 0")
-    modes = tuple(dict.fromkeys(args.mode or MODES))
-    models_dir = args.models_dir or default_models_dir()  # before a scratch site moves the data dir
+    args, modes, models_dir = parse_run_arguments(parser, argv, smoke=SMOKE_QUESTIONS)
 
     def run() -> dict:
         with scratch_site() if "e2e" in modes else contextlib.nullcontext():

@@ -13,15 +13,18 @@ ignore_eos), the rows adding one feature at a time as practitioners publish for 
 
 A separate measurement runs speculative decoding on an extractive workload (the answer quotes
 the prompt), off and on, and checks the greedy text is identical. Results go to
-`docs/benchmarks.md` and a PNG chart next to it; the JSON is printed.
+`docs/benchmarks.md`, a PNG chart and the JSON (`docs/benchmarks.json`, read by the staff
+dashboard) next to it; the JSON is printed too.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import statistics
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -281,7 +284,19 @@ def write_table(
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_markdown(table, command, chart_name))
+    write_table_json(table, out.with_suffix(".json"), command=command, chart_name=chart_name)
     return table
+
+
+def write_table_json(table: dict, path: Path, *, command: str, chart_name: str | None) -> None:
+    """The table in machine-readable form beside its markdown: the staff dashboard shows the
+    last run from it (frontend/dashboard.py)."""
+    measured = {
+        "command": command,
+        "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "chart": chart_name,
+    }
+    path.write_text(json.dumps(measured | table, indent=2) + "\n")
 
 
 def _add_answer_f1(

@@ -64,9 +64,9 @@ BATCH = 12
 def run_neighbour(kind: str) -> None:
     """Work until killed, printing `ready` once warm, then the running count of units done."""
     if kind == "ingestion":
-        from retrieval.embeddings import Embedder
+        from retrieval.embeddings import load_embedder
 
-        embedder = Embedder(None)
+        embedder = load_embedder(None)  # the default embedding model, as ingestion runs it
         rng = random.Random(0)
         passages = [" ".join(rng.choice(WORDS) for _ in range(120)) for _ in range(BATCH)]
 

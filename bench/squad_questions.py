@@ -41,7 +41,7 @@ def load_passages(directory: Path = DEFAULT_SQUAD_DIR) -> list[Passage]:
     path = _checked(directory) / "corpus.jsonl"
     return [
         Passage(row["_id"], str(row.get("title", "")).replace("_", " "), row["text"])
-        for row in _read_jsonl(path, ("_id", "text"))
+        for row in read_jsonl(path, ("_id", "text"))
     ]
 
 
@@ -56,11 +56,11 @@ def load_questions(
     passages = {passage.passage_id: passage for passage in load_passages(directory)}
     answers = {
         row["_id"]: tuple(row["answers"])
-        for row in _read_jsonl(directory / "answers.jsonl", ("_id", "answers"))
+        for row in read_jsonl(directory / "answers.jsonl", ("_id", "answers"))
     }
-    gold = _gold_passage_ids(directory / "qrels/test.tsv")
+    gold = gold_passage_ids(directory / "qrels/test.tsv")
     questions = []
-    for row in _read_jsonl(directory / "queries.jsonl", ("_id", "text")):
+    for row in read_jsonl(directory / "queries.jsonl", ("_id", "text")):
         question_id = row["_id"]
         for name, table in (("answers.jsonl", answers), ("qrels/test.tsv", gold)):
             if not table.get(question_id):
@@ -91,7 +91,7 @@ def _checked(directory: Path) -> Path:
     return directory
 
 
-def _read_jsonl(path: Path, fields: tuple[str, ...]) -> list[dict]:
+def read_jsonl(path: Path, fields: tuple[str, ...]) -> list[dict]:
     rows = []
     with path.open(encoding="utf-8") as handle:
         for number, line in enumerate(handle, start=1):
@@ -108,7 +108,7 @@ def _read_jsonl(path: Path, fields: tuple[str, ...]) -> list[dict]:
     return rows
 
 
-def _gold_passage_ids(path: Path) -> dict[str, str]:
+def gold_passage_ids(path: Path) -> dict[str, str]:
     """Question id -> its gold passage id (SQuAD marks each answer in exactly one passage)."""
     gold: dict[str, str] = {}
     with path.open(encoding="utf-8") as handle:

@@ -27,15 +27,19 @@ SEARCH_MODE = "hybrid+rerank"  # what chat turns use (retrieval.search.search's 
 
 @dataclass(slots=True)
 class Retrieved:
-    """Per question (in order): the top-K hits, and whether the gold passage is among them."""
+    """Per question (in order): the top-K hits, and the gold passage's number among them."""
 
     hits: list[list]  # list[list[retrieval.search.SearchHit]]
-    has_gold: list[bool]
+    gold_numbers: list[int | None]  # the gold passage's "[n]" among the hits; None: not found
     num_passages: int
     num_chunks: int
     index_s: float
     search_s: float
     top_k: int
+
+    @property
+    def has_gold(self) -> list[bool]:
+        return [number is not None for number in self.gold_numbers]
 
     @property
     def gold_recall(self) -> float:
@@ -61,6 +65,7 @@ def retrieve(
 
     from retrieval.embeddings import get_embedder
     from retrieval.models import Chunk, Collection, Document
+    from retrieval.postings import delete_chunks
     from retrieval.rerank import make_reranker
     from retrieval.search import Retriever
 
@@ -91,18 +96,26 @@ def retrieve(
         finally:
             for document in Document.objects.filter(collection=collection):
                 document.file.delete(save=False)
-            Chunk.objects.filter(document__collection=collection).delete()
+            delete_chunks(Chunk.objects.filter(document__collection=collection))
             collection.delete()
-    has_gold = [
-        any(passage_of_document[hit.document_id] == question.passage.passage_id for hit in found)
+    gold_numbers = [
+        next(
+            (
+                number
+                for number, hit in enumerate(found, start=1)
+                if passage_of_document[hit.document_id] == question.passage.passage_id
+            ),
+            None,
+        )
         for question, found in zip(questions, hits, strict=True)
     ]
+    has_gold = [number is not None for number in gold_numbers]
     logger.info(
         "retrieval: %d passages, %d chunks indexed in %.1fs; gold passage in the top %d for "
         "%d of %d questions", len(passages), num_chunks, index_s, top_k, sum(has_gold),
         len(questions),
     )  # fmt: skip
-    return Retrieved(hits, has_gold, len(passages), num_chunks, index_s, search_s, top_k)
+    return Retrieved(hits, gold_numbers, len(passages), num_chunks, index_s, search_s, top_k)
 
 
 def _ingest(retriever, collection, passages: Sequence[Passage]) -> dict[int, str]:

@@ -2,7 +2,8 @@
 
 One turn runs at a time per socket, as a task, so `stop` frames are read while it streams. Every
 bad frame gets an `error` frame and the socket stays open. `stop` and a disconnect abort the
-engine request at once; the partial answer is saved as "stopped".
+engine request at once; the partial answer is saved as "stopped". Errors a user can meet are in
+the page's language (`language_of`); protocol errors of a broken client stay English.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import logging
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
+from django.http import HttpRequest
+from django.utils import translation
+from django.utils.translation import gettext as _
 
 from chat.answer import TurnControl
 from chat.errors import ChatError
@@ -34,6 +38,17 @@ DISCONNECT_SAVE_TIMEOUT_S = 10.0
 def frame_size_limit() -> int:
     # NOTE: room for the content escaped as JSON (up to 6 bytes a character) plus the fields.
     return settings.CACHET_MAX_MESSAGE_CHARS * 6 + 4096
+
+
+def language_of(scope: dict) -> str:
+    """The language LocaleMiddleware chose for the page that opened this socket: the language
+    cookie (set_language), else the browser's Accept-Language, else LANGUAGE_CODE."""
+    request = HttpRequest()
+    request.COOKIES = scope.get("cookies", {})
+    for name, value in scope.get("headers", []):
+        if name == b"accept-language":
+            request.META["HTTP_ACCEPT_LANGUAGE"] = value.decode("latin-1")
+    return translation.get_language_from_request(request)
 
 
 def _conversation_json(conversation) -> dict:
@@ -84,12 +99,14 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
     channel_layer_alias = "chat-uses-no-channel-layer"
     turn_task: asyncio.Task | None = None
     control: TurnControl | None = None
+    language: str = settings.LANGUAGE_CODE
 
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated or not user.is_active:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
+        self.language = language_of(self.scope)
         await self.accept()
 
     async def disconnect(self, code: int) -> None:
@@ -102,11 +119,12 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
             await asyncio.wait_for(asyncio.shield(task), DISCONNECT_SAVE_TIMEOUT_S)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None):
-        try:
-            frame = self._parse(text_data, bytes_data)
-            await self._dispatch(frame)
-        except ChatError as error:
-            await self.send_error(error.code, error.message)
+        with translation.override(self.language):
+            try:
+                frame = self._parse(text_data, bytes_data)
+                await self._dispatch(frame)
+            except ChatError as error:
+                await self.send_error(error.code, error.message)
 
     def _parse(self, text_data: str | None, bytes_data: bytes | None) -> dict:
         if text_data is None:
@@ -155,25 +173,26 @@ class ChatConsumer(AsyncJsonWebsocketConsumer):
 
     def _start(self, request: TurnRequest) -> None:
         if self.turn_task is not None and not self.turn_task.done():
-            raise ChatError("busy", "an answer is still running; stop it or wait for it")
+            raise ChatError("busy", _("an answer is still running; stop it or wait for it"))
         self.control = TurnControl()
         self.turn_task = asyncio.create_task(self._run_turn(request, self.control))
 
     async def _run_turn(self, request: TurnRequest, control: TurnControl) -> None:
         conversation_id = request.conversation_id
         try:
-            async with contextlib.aclosing(run_turn(request, control)) as events:
-                async for event in events:
-                    if isinstance(event, TurnStarted):
-                        conversation_id = event.conversation.pk
-                    await self._send_event(event)
+            with translation.override(self.language):
+                async with contextlib.aclosing(run_turn(request, control)) as events:
+                    async for event in events:
+                        if isinstance(event, TurnStarted):
+                            conversation_id = event.conversation.pk
+                        await self._send_event(event)
         except ChatError as error:
             await self.send_error(error.code, error.message, conversation_id)
         except Exception:
             logger.exception("chat turn failed")
-            await self.send_error(
-                "engine_error", "the answer failed on the server; try again", conversation_id
-            )
+            with translation.override(self.language):
+                message = _("the answer failed on the server; try again")
+            await self.send_error("engine_error", message, conversation_id)
 
     async def _send_event(self, event: TurnEvent) -> None:
         if isinstance(event, TokenDelta):

@@ -157,7 +157,13 @@ def start_on_engine(
     cache_salt: str | None,
 ) -> EngineSource:
     """The engine's stream of `prompt`; bad input (a prompt too long) raises ValueError here."""
-    deltas = engine.stream(prompt.token_ids, params, request_id=request_id, cache_salt=cache_salt)
+    deltas = engine.stream(
+        prompt.token_ids,
+        params,
+        request_id=request_id,
+        cache_salt=cache_salt,
+        reusable=prompt.reusable,
+    )
     return EngineSource(engine, request_id, deltas, model_name, len(prompt.token_ids))
 
 

@@ -11,15 +11,23 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.utils.translation import gettext_lazy as _
 
 from backends.routing import ProfileRouting
 from retrieval.models import Collection
 
 # NOTE: worded for the bundled 135M model, which follows short instructions best: longer prompts
 # (tried: "be concise", "say so if the passages lack the answer") made it answer "1" or drift.
+# The language sentence names no language: naming one ("a question in Chinese gets a Simplified
+# Chinese answer") made the 1.5B answer English questions over Chinese passages in Chinese (16 of
+# 24 right, against 24 of 24 with this wording). It costs "[n]" citations in Chinese answers
+# (README, "Answers in the question's language"). It is fixed text, so it stays in the cached
+# system prefix (DESIGN.md, "Prompt layout"). Changing the text needs a data migration for the
+# profiles still on the old one (chat/migrations/0003_default_prompt_answer_language.py).
 DEFAULT_SYSTEM_PROMPT = (
     "You are a helpful assistant. Answer the user's question using the documents they provide. "
-    "Cite a document by its number in brackets, like [1]."
+    "Cite a document by its number in brackets, like [1]. Answer in the language of the "
+    "question, not of the documents."
 )
 DEFAULT_PROFILE_NAME = "Assistant"
 TITLE_MAX_CHARS = 80
@@ -32,43 +40,55 @@ class AssistantProfile(models.Model):
     (names, dates) out of it. Empty sampling fields fall back to the active model configuration.
     """
 
-    name = models.CharField(max_length=100, unique=True)
-    system_prompt = models.TextField(default=DEFAULT_SYSTEM_PROMPT)
+    name = models.CharField(_("name"), max_length=100, unique=True)
+    system_prompt = models.TextField(_("system prompt"), default=DEFAULT_SYSTEM_PROMPT)
     collections = models.ManyToManyField(
         Collection,
         blank=True,
         related_name="+",
-        help_text="Searched by new chats with this profile (only those the user may read).",
+        verbose_name=_("collections"),
+        help_text=_("Searched by new chats with this profile (only those the user may read)."),
     )
     temperature = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
+        _("temperature"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.0), MaxValueValidator(2.0)],
     )
     top_p = models.FloatField(
         null=True, blank=True, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)]
     )
     top_k = models.PositiveIntegerField(null=True, blank=True, validators=[MinValueValidator(1)])
     max_tokens = models.PositiveIntegerField(
-        null=True, blank=True, validators=[MinValueValidator(1)]
+        _("max tokens"), null=True, blank=True, validators=[MinValueValidator(1)]
     )
     search_top_k = models.PositiveIntegerField(
+        _("search top k"),
         null=True,
         blank=True,
         validators=[MinValueValidator(1), MaxValueValidator(20)],
-        help_text="Chunks put into the prompt; empty: the CACHET_SEARCH_TOP_K setting.",
+        help_text=_("Chunks put into the prompt; empty: the CACHET_SEARCH_TOP_K setting."),
     )
     routing = models.CharField(
+        _("routing"),
         max_length=8,
         choices=ProfileRouting.choices,
         default=ProfileRouting.AUTO,
-        help_text="Which backend answers this profile's chats (README, routing rules); without "
-        "a remote backend, always the in-process engine.",
+        help_text=_(
+            "Which backend answers this profile's chats (README, routing rules); without a "
+            "remote backend, always the in-process engine."
+        ),
     )
-    is_default = models.BooleanField(default=False, help_text="Used by new chats by default.")
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    is_default = models.BooleanField(
+        _("is default"), default=False, help_text=_("Used by new chats by default.")
+    )
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
         ordering = ["-is_default", "name"]
+        verbose_name = _("assistant profile")
+        verbose_name_plural = _("assistant profiles")
         constraints = [
             models.UniqueConstraint(
                 fields=["is_default"],
@@ -149,6 +169,8 @@ class Message(models.Model):
     total_s = models.FloatField(null=True, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
     cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Prompt tokens whose keys/values came from reused passages (the engine's chunk-KV reuse).
+    reused_tokens = models.PositiveIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     finish_reason = models.CharField(max_length=16, blank=True)
     model = models.CharField(max_length=300, blank=True)
@@ -176,6 +198,7 @@ class Message(models.Model):
             # the same split in DeepSeek's words, as the API's usage gives it
             "prompt_cache_hit_tokens": self.cached_tokens,
             "prompt_cache_miss_tokens": self._prompt_cache_miss_tokens,
+            "reused_tokens": self.reused_tokens or 0,
             "completion_tokens": self.completion_tokens,
             "total_s": self.total_s,
             "model": self.model,
@@ -187,7 +210,7 @@ class Message(models.Model):
     def _prompt_cache_miss_tokens(self) -> int | None:
         if self.prompt_tokens is None or self.cached_tokens is None:
             return None
-        return self.prompt_tokens - self.cached_tokens
+        return self.prompt_tokens - self.cached_tokens - (self.reused_tokens or 0)
 
     def as_json(self) -> dict:
         """The protocol's Message (docs/chat-protocol.md)."""
@@ -203,6 +226,17 @@ class Message(models.Model):
         }
 
 
+def question_of(answer: Message) -> Message | None:
+    """The user message an answer answers: the one just before it in its conversation."""
+    return (
+        Message.objects.filter(
+            conversation_id=answer.conversation_id, role=Message.Role.USER, pk__lt=answer.pk
+        )
+        .order_by("-pk")
+        .first()
+    )
+
+
 def title_from(question: str) -> str:
     """A chat title from its first question: one line, cut at a word boundary."""
     line = " ".join(question.split())
@@ -210,3 +244,50 @@ def title_from(question: str) -> str:
         return line or "New chat"
     cut = line[: TITLE_MAX_CHARS - 1].rsplit(" ", 1)[0]
     return f"{cut or line[: TITLE_MAX_CHARS - 1]}…"
+
+
+class AnswerFeedback(models.Model):
+    """A user's thumbs up or down on one answer, with an optional note.
+
+    Only the conversation's owner rates its answers (chat.feedback_views), so there is at most
+    one per answer in practice; the unique pair keeps it so if that ever widens. Staff read them
+    in the admin and turn them into golden questions (evals).
+    """
+
+    class Rating(models.TextChoices):
+        UP = "up", _("Thumbs up")
+        DOWN = "down", _("Thumbs down")
+
+    NOTE_MAX_CHARS = 1000
+
+    message = models.ForeignKey(
+        Message, on_delete=models.CASCADE, related_name="feedback", verbose_name=_("answer")
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="answer_feedback",
+        verbose_name=_("user"),
+    )
+    rating = models.CharField(_("rating"), max_length=4, choices=Rating.choices)
+    note = models.TextField(_("note"), max_length=NOTE_MAX_CHARS, blank=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at", "-id"]
+        verbose_name = _("answer feedback")
+        verbose_name_plural = _("answer feedback")
+        constraints = [
+            models.UniqueConstraint(fields=["message", "user"], name="one_feedback_per_answer")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_rating_display()}: {self.message.content[:60]}"
+
+    def as_json(self) -> dict:
+        return {
+            "rating": self.rating,
+            "note": self.note,
+            "updated_at": self.updated_at.isoformat() if self.updated_at else None,
+        }

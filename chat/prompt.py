@@ -30,6 +30,8 @@ class UserTurn:
 
     text: str
     sources: list[dict]
+    # [start, end) character ranges of the passages quoted in full in `text`
+    passage_spans: tuple[tuple[int, int], ...] = ()
 
 
 def source_json(number: int, hit: SearchHit, *, quoted_earlier: bool = False) -> dict:
@@ -48,7 +50,7 @@ def source_json(number: int, hit: SearchHit, *, quoted_earlier: bool = False) ->
         "heading_path": list(hit.heading_path),
         "snippet": hit.text[:SNIPPET_CHARS],
         "score": round(float(hit.score), 4),
-        "url": f"/documents/{hit.document_id}/#chunk-{hit.chunk_id}",
+        "url": f"/documents/{hit.document_id}/?chunk={hit.chunk_id}#chunk-{hit.chunk_id}",
         "quoted_earlier": quoted_earlier,
     }
 
@@ -73,22 +75,54 @@ def user_turn_text(
     of the prompt served from the prefix cache). Today's facts are left out when `known_facts`
     (the conversation's earlier user turns) already state them.
     """
-    parts = []
+    text, _ = user_turn_layout(
+        question,
+        hits,
+        user_name=user_name,
+        today=today,
+        quoted_earlier=quoted_earlier,
+        known_facts=known_facts,
+    )
+    return text
+
+
+def user_turn_layout(
+    question: str,
+    hits: Sequence[SearchHit],
+    *,
+    user_name: str,
+    today: datetime.date,
+    quoted_earlier: Collection[int] = frozenset(),
+    known_facts: str = "",
+) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """`user_turn_text` and the character range of each passage it quotes in full (what the
+    engine may reuse the keys/values of: the passage's own text, not its numbered heading)."""
+    text = ""
+    spans: list[tuple[int, int]] = []
+
+    def add(part: str, passage: str = "") -> None:
+        nonlocal text
+        text += ("\n\n" if text else "") + part
+        if passage:
+            text += "\n"
+            spans.append((len(text), len(text) + len(passage)))
+            text += passage
+
     if hits:
-        parts.append("Context passages from the team's documents:")
+        add("Context passages from the team's documents:")
         for number, hit in enumerate(hits, start=1):
             where = " > ".join([hit.document_title, *hit.heading_path])
             if hit.page is not None:
                 where += f" (page {hit.page})"
             if hit.chunk_id in quoted_earlier:
-                parts.append(f"[{number}] {where} (quoted above)")
+                add(f"[{number}] {where} (quoted above)")
             else:
-                parts.append(f"[{number}] {where}\n{hit.text.strip()}")
+                add(f"[{number}] {where}", hit.text.strip())
     facts = facts_line(user_name, today)
     if facts not in known_facts:
-        parts.append(facts)
-    parts.append(f"Question: {question.strip()}" if hits else question.strip())
-    return "\n\n".join(parts)
+        add(facts)
+    add(f"Question: {question.strip()}" if hits else question.strip())
+    return text, tuple(spans)
 
 
 def lay_out_user_turn(
@@ -106,7 +140,7 @@ def lay_out_user_turn(
         source_json(n, hit, quoted_earlier=hit.chunk_id in quoted)
         for n, hit in enumerate(hits, start=1)
     ]
-    text = user_turn_text(
+    text, passage_spans = user_turn_layout(
         question,
         hits,
         user_name=user_name,
@@ -114,7 +148,7 @@ def lay_out_user_turn(
         quoted_earlier=quoted,
         known_facts=_user_turns_text(kept_history),
     )
-    return UserTurn(text, sources)
+    return UserTurn(text, sources, passage_spans)
 
 
 def build_with_passages(
@@ -146,7 +180,9 @@ def build_with_passages(
             today=today,
             quote_all=attempt == MAX_PASSAGE_LAYOUTS,
         )
-        prompt = builder.build(turns, user_turn.text, max_tokens=max_tokens)
+        prompt = builder.build(
+            turns, user_turn.text, max_tokens=max_tokens, passages=user_turn.passage_spans
+        )
         if prompt.num_dropped_turns == num_kept_from:
             break
         num_kept_from = prompt.num_dropped_turns

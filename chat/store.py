@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.utils.translation import gettext as _
 
 from backends.routing import LOCAL_BACKEND
 from chat.answer import Answer
@@ -36,11 +37,13 @@ def check_content(content: object) -> str:
     if not isinstance(content, str):
         raise ChatError("invalid", "content must be a string")
     if not content.strip():
-        raise ChatError("invalid", "content must not be empty")
+        raise ChatError("invalid", _("content must not be empty"))
     limit = settings.CACHET_MAX_MESSAGE_CHARS
     if len(content) > limit:
         raise ChatError(
-            "too_long", f"the message has {len(content)} characters; the limit is {limit}"
+            "too_long",
+            _("the message has %(length)s characters; the limit is %(limit)s")
+            % {"length": len(content), "limit": limit},
         )
     return content
 
@@ -80,7 +83,7 @@ def _begin_regenerate(conversation: Conversation, model_config: ModelConfig) -> 
         None,
     )
     if last_question_index is None:
-        raise ChatError("nothing_to_regenerate", "this conversation has no answer to regenerate")
+        raise ChatError("nothing_to_regenerate", _("this conversation has no answer to regenerate"))
     question = messages[last_question_index]
     later = messages[last_question_index + 1 :]
     return BegunTurn(
@@ -111,7 +114,7 @@ def _owned_conversation(user, conversation_id: object) -> Conversation:
     ).first()
     if conversation is None:
         # NOTE: the same answer for "missing" and "someone else's", so ids leak nothing.
-        raise ChatError("not_found", f"conversation {conversation_id} not found")
+        raise ChatError("not_found", _("conversation %(id)s not found") % {"id": conversation_id})
     return conversation
 
 
@@ -121,7 +124,8 @@ def _new_conversation(user, profile_id: int | None, collection_ids: list[int] | 
     else:
         profile = AssistantProfile.objects.filter(pk=profile_id).first()
         if profile is None:
-            raise ChatError("not_found", f"assistant profile {profile_id} not found")
+            message = _("assistant profile %(id)s not found") % {"id": profile_id}
+            raise ChatError("not_found", message)
     readable = Collection.readable_by(user)
     if collection_ids is None:
         defaults = profile.collections.all()
@@ -131,7 +135,8 @@ def _new_conversation(user, profile_id: int | None, collection_ids: list[int] | 
         chosen = readable.filter(pk__in=collection_ids)
         missing = set(collection_ids) - set(chosen.values_list("pk", flat=True))
         if missing:
-            raise ChatError("not_found", f"collections not found: {sorted(missing)}")
+            message = _("collections not found: %(ids)s") % {"ids": sorted(missing)}
+            raise ChatError("not_found", message)
     conversation = Conversation.objects.create(owner=user, profile=profile)
     conversation.collections.set(chosen)
     return conversation
@@ -173,6 +178,7 @@ def save_answer(begun: BegunTurn, answer: Answer, *, seed: int | None) -> Messag
         route=answer.route,
         prompt_tokens=usage.prompt_tokens if usage else answer.num_prompt_tokens,
         cached_tokens=usage.cached_tokens if usage else None,
+        reused_tokens=usage.reused_tokens if usage else None,
         completion_tokens=usage.completion_tokens if usage else len(answer.token_ids),
         ttft_s=usage.ttft_s if usage else None,
         tokens_per_s=usage.tokens_per_s if usage else None,

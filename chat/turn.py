@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser
+from django.utils.translation import gettext as _
 
 from chat import store
 from chat.answer import Answer, TurnControl, TurnInput, answer_turn
@@ -82,7 +83,7 @@ async def run_turn(
         if answer.is_started:
             message = await asyncio.shield(store.save_answer(begun, answer, seed=turn.params.seed))
     if answer.finish_reason == "error":
-        raise ChatError("engine_error", "the engine failed while answering; try again")
+        raise ChatError("engine_error", _("the engine failed while answering; try again"))
     yield TurnDone(message, begun.conversation)
 
 

@@ -1,7 +1,7 @@
 """The browser UI's JSON endpoints (docs/chat-protocol.md): conversations, options, uploads.
 
 Session-authenticated; CSRF applies to every change. Another user's conversation answers 404,
-exactly as a missing one.
+exactly as a missing one. Error messages are in the page's language (the UI shows them).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from django.conf import settings
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.utils.datastructures import MultiValueDict
+from django.utils.translation import gettext as _
 from django.views.decorators.http import require_http_methods
 
-from chat.models import AssistantProfile, Conversation, Message
+from chat.model_choices import chat_models
+from chat.models import AnswerFeedback, AssistantProfile, Conversation, Message
+from chat.upload_options import upload_options
 from retrieval.forms import UploadForm
 from retrieval.models import Collection
 from retrieval.tasks import add_upload, drop_unqueued
@@ -27,11 +30,24 @@ def error_response(status: int, code: str, message: str) -> JsonResponse:
     return JsonResponse({"error": {"code": code, "message": message}}, status=status)
 
 
+def json_object(request: HttpRequest) -> dict | None:
+    """The request's body as a JSON object (an empty body: `{}`); None when it is not one."""
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, RecursionError):  # NOTE: deep nesting exhausts the decoder's stack
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def bad_json() -> JsonResponse:
+    return error_response(400, "bad_json", _("the body must be a JSON object"))
+
+
 def login_required_json(view):
     @wraps(view)
     def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
         if not request.user.is_authenticated or not request.user.is_active:
-            return error_response(401, "unauthenticated", "log in first")
+            return error_response(401, "unauthenticated", _("log in first"))
         return view(request, *args, **kwargs)
 
     return wrapper
@@ -40,7 +56,7 @@ def login_required_json(view):
 def _summary(conversation: Conversation) -> dict:
     return {
         "id": conversation.pk,
-        "title": conversation.title or "New chat",
+        "title": conversation.title or _("New chat"),
         "updated_at": conversation.updated_at.isoformat(),
     }
 
@@ -53,7 +69,6 @@ def _named(items) -> list[dict]:
 @login_required_json
 def options(request: HttpRequest) -> JsonResponse:
     user = request.user
-    may_upload = user.is_staff
     collections = Collection.readable_by(user).order_by("name")
     default = AssistantProfile.default()
     return JsonResponse(
@@ -65,11 +80,8 @@ def options(request: HttpRequest) -> JsonResponse:
             ],
             "collections": _named(collections),
             "max_message_chars": settings.CACHET_MAX_MESSAGE_CHARS,
-            "upload": {
-                "allowed": may_upload,
-                "collections": _named(Collection.objects.order_by("name")) if may_upload else [],
-                "max_upload_mb": settings.CACHET_MAX_UPLOAD_MB,
-            },
+            "models": chat_models(),
+            "upload": upload_options(user),
         }
     )
 
@@ -91,7 +103,9 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
         .first()
     )
     if conversation is None:
-        return error_response(404, "not_found", f"conversation {conversation_id} not found")
+        return error_response(
+            404, "not_found", _("conversation %(id)s not found") % {"id": conversation_id}
+        )
     if request.method == "DELETE":
         conversation.delete()
         return HttpResponse(status=204)
@@ -103,22 +117,32 @@ def conversation_detail(request: HttpRequest, conversation_id: int) -> HttpRespo
             **_summary(conversation),
             "profile": {"id": profile.pk, "name": profile.name} if profile else None,
             "collections": _named(conversation.collections.order_by("name")),
-            "messages": [m.as_json() for m in Message.objects.filter(conversation=conversation)],
+            "messages": _messages_json(conversation, request.user),
         }
     )
 
 
+def _messages_json(conversation: Conversation, user) -> list[dict]:
+    """The conversation's messages, each answer with the user's feedback on it (or null)."""
+    ratings = {
+        feedback.message_id: feedback.as_json()
+        for feedback in AnswerFeedback.objects.filter(message__conversation=conversation, user=user)
+    }
+    messages = Message.objects.filter(conversation=conversation)
+    return [{**m.as_json(), "feedback": ratings.get(m.pk)} for m in messages]
+
+
 def _rename(request: HttpRequest, conversation: Conversation) -> JsonResponse:
-    try:
-        body = json.loads(request.body or b"{}")
-    except ValueError:
-        return error_response(400, "bad_json", "the body must be a JSON object")
-    title = body.get("title") if isinstance(body, dict) else None
+    body = json_object(request)
+    if body is None:
+        return bad_json()
+    title = body.get("title")
     max_length = Conversation._meta.get_field("title").max_length
     if not isinstance(title, str) or not title.strip():
-        return error_response(400, "invalid", "title must be a non-empty string")
+        return error_response(400, "invalid", _("title must be a non-empty string"))
     if len(title.strip()) > max_length:
-        return error_response(400, "invalid", f"title must be at most {max_length} characters")
+        message = _("title must be at most %(max)s characters") % {"max": max_length}
+        return error_response(400, "invalid", message)
     conversation.title = " ".join(title.split())
     conversation.save(update_fields=["title", "updated_at"])
     return JsonResponse(_summary(conversation))
@@ -128,14 +152,16 @@ def _rename(request: HttpRequest, conversation: Conversation) -> JsonResponse:
 @login_required_json
 def document_upload(request: HttpRequest) -> JsonResponse:
     if not request.user.is_staff:
-        return error_response(403, "forbidden", "only staff may upload documents")
+        return error_response(403, "forbidden", _("only staff may upload documents"))
     uploads = request.FILES.getlist("file")
     limit_mb = settings.CACHET_MAX_UPLOAD_MB
     for upload in uploads:
         if upload.size > limit_mb * 1024 * 1024:
-            return error_response(
-                413, "too_large", f"{upload.name} is larger than the {limit_mb} MB limit"
-            )
+            message = _("%(name)s is larger than the %(limit)s MB limit") % {
+                "name": upload.name,
+                "limit": limit_mb,
+            }
+            return error_response(413, "too_large", message)
     form = UploadForm(request.POST, MultiValueDict({"files": uploads}))
     if not form.is_valid():
         errors = form.errors.get_json_data()

@@ -129,6 +129,14 @@ def read_directory(env: Mapping[str, str], name: str, default: Path) -> Path:
     return path.resolve()
 
 
+def read_optional_directory(env: Mapping[str, str], name: str, default: Path) -> Path | None:
+    """A directory, or None where the variable turns the feature off ("off", "0", "no"...)."""
+    value = read_str(env, name)
+    if value is not None and value.lower() in FALSE_WORDS:
+        return None
+    return read_directory(env, name, default)
+
+
 @overload
 def read_model_source(
     env: Mapping[str, str], name: str, default: str, *, catalogue: Collection[str] = ()

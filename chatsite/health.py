@@ -93,6 +93,38 @@ def check_embedding_model() -> str:
     return f"{resolved.source} ready at {resolved.directory}"
 
 
+def check_search_index() -> str:
+    """The vector store of this process: which, its size and model, or a rebuild's progress.
+
+    NOTE: never loads the retriever (that is the start-up check's work); a rebuild is reported,
+    not failed: searches answer meanwhile, by BM25 alone.
+    """
+    from retrieval.consistency import rebuild_progress
+    from retrieval.search import current_retriever
+
+    progress = rebuild_progress()
+    if progress is not None:
+        return f"rebuilding, searches use BM25 alone until done: {progress.describe()}"
+    retriever = current_retriever()
+    if retriever is None:
+        return f"not loaded yet in this process ({settings.CACHET_EMBEDDING_MODEL})"
+    vectors = retriever.vectors
+    return f"{len(vectors)} vectors of {retriever.embedder.model_id} in {vectors.describe()}" + (
+        f" ({vectors.reason})" if vectors.reason else ""
+    )
+
+
+def check_lexical_store() -> str:
+    """Where BM25 runs (retrieval.lexical_store): bm25s in this process, or PostgreSQL."""
+    from retrieval.lexical_store import lexical_store_name
+    from retrieval.search import current_retriever
+
+    retriever = current_retriever()
+    if retriever is None:
+        return f"{lexical_store_name()}, not loaded yet in this process"
+    return retriever.lexical.describe()
+
+
 def check_remote_backends() -> str | None:
     """The last recorded health of each enabled remote backend; None when none is enabled.
 
@@ -118,6 +150,8 @@ CHECKS: dict[str, Callable[[], str | None]] = {
     "chat_model": check_chat_model,
     "engine": check_engine,
     "embedding_model": check_embedding_model,
+    "search_index": check_search_index,
+    "lexical_store": check_lexical_store,
     "remote_backends": check_remote_backends,
 }
 # What a check that returns None (an optional component) reports.

@@ -13,7 +13,7 @@ import django_stubs_ext
 from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
-from inference import catalogue
+from inference import catalogue, model_files
 from inference.engine_settings import engine_default
 
 # NOTE: makes Django's generic classes subscriptable at run time (`ModelAdmin[Document]`), as
@@ -44,8 +44,19 @@ try:
     CACHET_MODEL_CACHE = env.read_directory(
         os.environ, "CACHET_MODEL_CACHE", default=catalogue.default_cache_dir(os.environ)
     )
-    CACHET_EMBEDDING_MODEL = env.read_model_source(os.environ, "CACHET_EMBEDDING_MODEL")
+    # A packaged model's name (inference/model_files.py), a hub id or a directory. Switching
+    # re-embeds the search index at the next start (retrieval/consistency.py).
+    CACHET_EMBEDDING_MODEL = env.read_model_source(
+        os.environ,
+        "CACHET_EMBEDDING_MODEL",
+        default=model_files.DEFAULT_EMBEDDING_MODEL,
+        catalogue=tuple(model_files.PACKAGED_EMBEDDING_MODELS),
+    )
     CACHET_METRICS_TOKEN = env.read_str(os.environ, "CACHET_METRICS_TOKEN")
+    # How often the staff dashboard samples this process's metrics (inference/metrics_history.py).
+    CACHET_DASHBOARD_SAMPLE_S = env.read_int(
+        os.environ, "CACHET_DASHBOARD_SAMPLE_S", default=5, minimum=1
+    )
     # --- Engine (inference/engine_settings.py; the defaults are EngineConfig's) ---
     # The KV budget when no model configuration is active (an active one sets its own).
     CACHET_KV_CACHE_MB = env.read_int(
@@ -65,6 +76,40 @@ try:
     CACHET_FUSED_DECODE = env.read_bool(
         os.environ, "CACHET_FUSED_DECODE", default=engine_default("fused_decode")
     )
+    # The prefix cache's disk tier: reused KV blocks kept on disk so a restart starts warm
+    # (inference/engine/kv_disk_cache.py); "off" keeps the prefix cache in memory only.
+    CACHET_KV_DISK_CACHE_DIR = env.read_optional_directory(
+        os.environ, "CACHET_KV_DISK_CACHE_DIR", default=DATA_DIR / "kv-cache"
+    )
+    CACHET_KV_DISK_CACHE_MB = env.read_int(
+        os.environ,
+        "CACHET_KV_DISK_CACHE_MB",
+        default=int(engine_default("kv_disk_cache_mb")),
+        minimum=1,
+    )
+    # Chunk-KV reuse: a retrieved passage's keys/values computed once (after the system prompt)
+    # and reused wherever a later prompt quotes it, the first tokens of each recomputed
+    # (inference/engine/core/chunk_reuse.py). Approximate: off unless chosen; see the README.
+    CACHET_CHUNK_KV_REUSE = env.read_bool(
+        os.environ, "CACHET_CHUNK_KV_REUSE", default=engine_default("chunk_kv_reuse")
+    )
+    CACHET_CHUNK_KV_RECOMPUTE_TOKENS = env.read_int(
+        os.environ,
+        "CACHET_CHUNK_KV_RECOMPUTE_TOKENS",
+        default=engine_default("chunk_kv_recompute_tokens"),
+        minimum=0,
+    )
+    # Quantized layers' weights for prefill-sized steps: "dense" keeps a copy in the model dtype
+    # (one GEMM a step, more memory), "quantized" dequantizes each step, "auto" is dense on CPUs
+    # with AMX where the copy fits (inference/engine/model_runner.py).
+    CACHET_PREFILL_WEIGHTS = env.read_str(
+        os.environ, "CACHET_PREFILL_WEIGHTS", default=engine_default("prefill_weights")
+    )
+    if CACHET_PREFILL_WEIGHTS not in {"auto", "dense", "quantized"}:
+        raise env.ConfigError(
+            "CACHET_PREFILL_WEIGHTS",
+            f"expected auto, dense or quantized; got {CACHET_PREFILL_WEIGHTS!r}",
+        )
     # --- end Engine ---
     CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)
     # Served over HTTPS (usually behind a TLS-terminating proxy): secure cookies, HSTS, redirects.
@@ -103,8 +148,27 @@ try:
             "expected none, fusion or cross-encoder:<model id or directory>; "
             f"got {CACHET_RERANKER!r}",
         )
+    # Where the vectors live (retrieval/vector_store.py): "auto" picks pgvector on PostgreSQL with
+    # the vector extension, the faiss file otherwise.
+    CACHET_VECTOR_STORE = env.read_str(os.environ, "CACHET_VECTOR_STORE", default="auto")
+    if CACHET_VECTOR_STORE not in {"auto", "faiss", "pgvector"}:
+        raise env.ConfigError(
+            "CACHET_VECTOR_STORE", f"expected auto, faiss or pgvector; got {CACHET_VECTOR_STORE!r}"
+        )
     if CACHET_CHUNK_OVERLAP * 2 >= CACHET_CHUNK_TOKENS:
         raise env.ConfigError("CACHET_CHUNK_OVERLAP", "must be under half of CACHET_CHUNK_TOKENS")
+    # Where BM25 runs (retrieval/lexical_store.py): "auto" picks PostgreSQL's inverted index on
+    # PostgreSQL and in-process bm25s on SQLite.
+    CACHET_LEXICAL_STORE = env.read_str(os.environ, "CACHET_LEXICAL_STORE", default="auto")
+    if CACHET_LEXICAL_STORE not in {"auto", "bm25s", "postgresql"}:
+        raise env.ConfigError(
+            "CACHET_LEXICAL_STORE",
+            f"expected auto, bm25s or postgresql; got {CACHET_LEXICAL_STORE!r}",
+        )
+    if CACHET_LEXICAL_STORE == "postgresql" and DATABASE_URL.startswith("sqlite"):
+        raise env.ConfigError(
+            "CACHET_LEXICAL_STORE", "postgresql needs a PostgreSQL DATABASE_URL; this is SQLite"
+        )
     # --- end Retrieval ---
     # --- Chat (chat/) ---
     CACHET_MAX_MESSAGE_CHARS = env.read_int(
@@ -126,6 +190,13 @@ try:
         os.environ, "CACHET_ROUTE_PROMPT_CHARS", default=6000, minimum=1
     )
     CACHET_ROUTE_PASSAGES = env.read_int(os.environ, "CACHET_ROUTE_PASSAGES", default=8, minimum=1)
+    # How a request picks a replica of a remote model: by its conversation's opening (prefix
+    # caches stay warm) or at random by weight (backends.replicas).
+    CACHET_ROUTING = env.read_str(os.environ, "CACHET_ROUTING", default="prefix")
+    if CACHET_ROUTING not in {"prefix", "random"}:
+        raise env.ConfigError(
+            "CACHET_ROUTING", f"expected prefix or random; got {CACHET_ROUTING!r}"
+        )
     # --- end Backends ---
     # The most tokens one API request may ask to generate (its default is 256, or this if lower).
     CACHET_API_MAX_TOKENS = env.read_int(
@@ -182,6 +253,7 @@ INSTALLED_APPS = [
     "api",
     "backends",
     "frontend",
+    "evals",
     "ninja",
 ]
 
@@ -190,6 +262,9 @@ MIDDLEWARE = [
     # NOTE: daphne serves no static files; WhiteNoise serves the admin's and ours in production.
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
+    # NOTE: after the session, before CommonMiddleware (Django's order): the language comes from
+    # set_language's cookie, else the browser's Accept-Language, else LANGUAGE_CODE.
+    "django.middleware.locale.LocaleMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -276,6 +351,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 
 LANGUAGE_CODE = "en-us"
+# The interface's languages (README, "Languages"); translations in locale/, compiled .mo committed.
+LANGUAGES = [("en", "English"), ("zh-hans", "简体中文")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

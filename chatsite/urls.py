@@ -13,5 +13,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("chat/api/", include("chat.urls")),
     path("v1/", v1.api.urls),
+    # set_language: POST only, CSRF-checked; keeps the choice in Django's language cookie.
+    path("i18n/", include("django.conf.urls.i18n")),
     path("", include("frontend.urls")),
 ]

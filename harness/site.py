@@ -42,7 +42,8 @@ def prepare_site(spec: dict[str, Any]) -> dict[str, Any]:
     - `api_key`: true for a user of its own with an API key of limits no run reaches;
     - `document`: `{"title", "file_name", "text"}`, ingested into a collection the users read and
       the profile searches;
-    - `engine_config`: true for the engine settings the server will load (`EngineConfig` fields).
+    - `engine_config`: true for the engine settings the server will load (`EngineConfig` fields);
+    - `backends`: InferenceBackend fields of remote backends to add (other servers as replicas).
     """
     from django.conf import settings
     from django.contrib.auth.models import User
@@ -90,8 +91,18 @@ def prepare_site(spec: dict[str, Any]) -> dict[str, Any]:
     if spec.get("api_key"):
         site["api_user_id"], site["api_key"] = _api_key(f"{label}-api-{token}", label)
 
+    site["backend_ids"] = _add_backends(spec.get("backends") or [])
     site |= _served_model(engine_config=bool(spec.get("engine_config")))
     return site
+
+
+def add_api_keys(label: str, count: int) -> dict[str, Any]:
+    """`count` API keys, each of a user of its own, and the served model's name: for a server
+    that other servers use as a remote backend. Own users, so each key's requests have their own
+    prefix-cache salt when the server runs with CACHET_CACHE_ISOLATION=user."""
+    token = secrets.token_hex(4)
+    keys = [_api_key(f"{label}-api-{token}-{index}", label)[1] for index in range(count)]
+    return {"api_keys": keys} | _served_model(engine_config=False)
 
 
 def cleanup_site(site: dict[str, Any]) -> dict[str, bool]:
@@ -102,9 +113,11 @@ def cleanup_site(site: dict[str, Any]) -> dict[str, bool]:
     from django.contrib.auth.models import User
     from django.contrib.sessions.models import Session
 
+    from backends.models import InferenceBackend
     from chat.models import AssistantProfile
     from retrieval.models import Collection
 
+    InferenceBackend.objects.filter(pk__in=site.get("backend_ids", [])).delete()
     Collection.objects.filter(pk__in=site["collection_ids"]).delete()
     if site["profile_id"] is not None:
         AssistantProfile.objects.filter(pk=site["profile_id"]).delete()
@@ -172,6 +185,12 @@ def _ingest(document: dict[str, str], name: str, readers: list, profile: Any) ->
         reason = ingested.error if ingested is not None else "the document vanished"
         raise SiteError(f"ingesting {document['title']!r} failed: {reason}")
     return collection.pk, ingested.chunks.count()
+
+
+def _add_backends(backends: list[dict[str, Any]]) -> list[int]:
+    from backends.models import InferenceBackend
+
+    return [InferenceBackend.objects.create(**fields).pk for fields in backends]
 
 
 def _api_key(username: str, key_name: str) -> tuple[int, str]:

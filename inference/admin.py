@@ -11,6 +11,8 @@ from django.db.models import Field, QuerySet
 from django.forms import Field as FormField
 from django.forms import ModelForm
 from django.http import HttpRequest
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from inference import runtime
 from inference.models import ModelConfig
@@ -37,7 +39,7 @@ class ModelConfigAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("name", "source", "is_active")}),
         (
-            "Engine",
+            _("Engine"),
             {
                 "fields": (
                     "dtype",
@@ -48,12 +50,13 @@ class ModelConfigAdmin(admin.ModelAdmin):
                     "max_num_batched_tokens",
                     "enable_prefix_caching",
                 ),
-                "description": "EngineConfig's settings, by the same names "
-                "(inference/engine/config.py).",
+                "description": _(
+                    "EngineConfig's settings, by the same names (inference/engine/config.py)."
+                ),
             },
         ),
         (
-            "Speed",
+            _("Speed"),
             {
                 "fields": (
                     "quantization",
@@ -64,30 +67,34 @@ class ModelConfigAdmin(admin.ModelAdmin):
                     "draft_kv_cache_mb",
                     "draft_quantization",
                 ),
-                "description": "What each option buys on this machine: docs/benchmarks.md.",
+                "description": _("What each option buys on this machine: docs/benchmarks.md."),
             },
         ),
         (
-            "Draft model",
+            _("Draft model"),
             {
                 "fields": ("draft_source",),
-                "description": "For the speculative method 'draft': a small model with the "
-                "same tokenizer guesses the next tokens, the model above checks them.",
+                "description": _(
+                    "For the speculative method 'draft': a small model with the same tokenizer "
+                    "guesses the next tokens, the model above checks them."
+                ),
             },
         ),
         (
-            "Default sampling",
+            _("Default sampling"),
             {
                 "fields": ("temperature", "top_p", "top_k", "max_tokens"),
-                "description": "App settings, not the engine's: the defaults of a chat's sampling.",
+                "description": _(
+                    "App settings, not the engine's: the defaults of a chat's sampling."
+                ),
             },
         ),
-        ("History", {"fields": ("created_at", "updated_at")}),
+        (_("History"), {"fields": ("created_at", "updated_at")}),
     )
 
-    @admin.display(description="source")
+    @admin.display(description=_("source"))
     def source_display(self, config: ModelConfig) -> str:
-        return config.source or f"(default: {settings.CACHET_MODEL})"
+        return config.source or gettext("(default: %(model)s)") % {"model": settings.CACHET_MODEL}
 
     def formfield_for_dbfield(
         self, db_field: Field[Any, Any], request: HttpRequest, **kwargs: Any
@@ -104,16 +111,20 @@ class ModelConfigAdmin(admin.ModelAdmin):
             # NOTE: editing the active configuration changes what the engine should run.
             self._reload(request, obj)
 
-    @admin.action(description="Activate the selected configuration (reloads the engine)")
+    @admin.action(description=_("Activate the selected configuration (reloads the engine)"))
     def activate_selected(self, request: HttpRequest, queryset: QuerySet[ModelConfig]) -> None:
         if queryset.count() != 1:
-            self.message_user(request, "Select exactly one configuration.", messages.ERROR)
+            self.message_user(request, gettext("Select exactly one configuration."), messages.ERROR)
             return
         config = queryset.get()
         try:
             config.full_clean()
         except ValidationError as error:
-            self.message_user(request, f"Not activated: {error.messages}", messages.ERROR)
+            self.message_user(
+                request,
+                gettext("Not activated: %(errors)s") % {"errors": error.messages},
+                messages.ERROR,
+            )
             return
         config.activate()
         self._reload(request, config)
@@ -122,7 +133,10 @@ class ModelConfigAdmin(admin.ModelAdmin):
         runtime.reload_engine(config)
         self.message_user(
             request,
-            f"Loading {config.name!r}; requests in flight finish on the previous engine. "
-            "See /healthz for progress.",
+            gettext(
+                "Loading %(name)s; requests in flight finish on the previous engine. "
+                "See /healthz for progress."
+            )
+            % {"name": repr(config.name)},
             messages.SUCCESS,
         )

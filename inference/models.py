@@ -14,6 +14,8 @@ from django.conf import settings
 from django.core.exceptions import NON_FIELD_ERRORS, ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models, transaction
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
 
 from chatsite.env import ConfigError, read_model_source
 from inference.catalogue import CATALOGUE
@@ -64,134 +66,169 @@ class ModelConfig(models.Model):
     """What the engine loads and how much work it takes on; sampling defaults for chats."""
 
     class Dtype(models.TextChoices):
-        AUTO = "auto", "auto (bfloat16 where the hardware has it, else float32)"
+        AUTO = "auto", _("auto (bfloat16 where the hardware has it, else float32)")
         BFLOAT16 = "bfloat16", "bfloat16"
-        FLOAT32 = "float32", "float32 (exact)"
-        FLOAT16 = "float16", "float16 (GPUs)"
+        FLOAT32 = "float32", _("float32 (exact)")
+        FLOAT16 = "float16", _("float16 (GPUs)")
 
     class Quantization(models.TextChoices):
         AUTO = (
             "auto",
-            (
+            _(
                 "auto (the checkpoint's own: a GGUF's 4-bit tensors int4, 5-8-bit int8; AWQ / GPTQ "
                 "int4; else the dtype)"
             ),
         )
-        NONE = "none", "none (the dtype above)"
-        INT8 = "int8", "int8 (per channel, about half the weight memory)"
-        INT4 = "int4", "int4 (grouped, about a third of the weight memory)"
+        NONE = "none", _("none (the dtype above)")
+        INT8 = "int8", _("int8 (per channel, about half the weight memory)")
+        INT4 = "int4", _("int4 (grouped, about a third of the weight memory)")
 
     class SpeculativeMethod(models.TextChoices):
-        NGRAM = "ngram", "n-gram prompt lookup (no second model)"
-        DRAFT = "draft", "draft model (the draft source below)"
+        NGRAM = "ngram", _("n-gram prompt lookup (no second model)")
+        DRAFT = "draft", _("draft model (the draft source below)")
 
     class KvCacheDtype(models.TextChoices):
-        AUTO = "auto", "auto (the model dtype)"
-        INT8 = "int8", "int8 (about half the KV memory per token)"
+        AUTO = "auto", _("auto (the model dtype)")
+        INT8 = "int8", _("int8 (about half the KV memory per token)")
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(_("name"), max_length=100, unique=True)
     source = models.CharField(
+        _("source"),
         max_length=500,
         blank=True,
-        help_text="A model of the catalogue (listed by manage.py prepare_models --list), a "
-        "Hugging Face id, a local model directory, or a .gguf file. "
-        "Empty: the CACHET_MODEL setting (unset: the catalogue's default model).",
+        help_text=_(
+            "A model of the catalogue (listed by manage.py prepare_models --list), a Hugging Face "
+            "id, a local model directory, or a .gguf file. Empty: the CACHET_MODEL setting "
+            "(unset: the catalogue's default model)."
+        ),
     )
     # --- Engine settings: EngineConfig's fields, by name. NOTE: clean() checks them with
     # EngineConfig's own checks; the validators here are only the admin's narrower limits.
-    dtype = models.CharField(max_length=16, choices=Dtype.choices, default=default_for("dtype"))
+    dtype = models.CharField(
+        _("dtype"), max_length=16, choices=Dtype.choices, default=default_for("dtype")
+    )
     max_model_len = models.PositiveIntegerField(
+        _("max model len"),
         default=default_for("max_model_len"),
         validators=[MinValueValidator(64)],
-        help_text="Prompt + answer tokens.",
+        help_text=_("Prompt + answer tokens."),
     )
     kv_cache_mb = models.PositiveIntegerField(
-        default=int(default_for("kv_cache_mb")), help_text="Memory for the paged KV cache."
+        _("KV cache MB"),
+        default=int(default_for("kv_cache_mb")),
+        help_text=_("Memory for the paged KV cache."),
     )
     block_size = models.PositiveIntegerField(
-        default=default_for("block_size"), validators=[MaxValueValidator(256)]
+        _("block size"), default=default_for("block_size"), validators=[MaxValueValidator(256)]
     )
     max_num_seqs = models.PositiveIntegerField(
-        default=default_for("max_num_seqs"), help_text="Requests decoded together."
+        _("max num seqs"),
+        default=default_for("max_num_seqs"),
+        help_text=_("Requests decoded together."),
     )
     max_num_batched_tokens = models.PositiveIntegerField(
+        _("max num batched tokens"),
         default=default_for("max_num_batched_tokens"),
         validators=[MinValueValidator(16)],
-        help_text="Token budget of one engine step (decodes plus prefill chunks).",
+        help_text=_("Token budget of one engine step (decodes plus prefill chunks)."),
     )
-    enable_prefix_caching = models.BooleanField(default=default_for("enable_prefix_caching"))
+    enable_prefix_caching = models.BooleanField(
+        _("enable prefix caching"), default=default_for("enable_prefix_caching")
+    )
     quantization = models.CharField(
+        _("quantization"),
         max_length=8,
         choices=Quantization.choices,
         default=default_for("quantization"),
-        help_text="Weight formats: auto follows the checkpoint (a GGUF's tensors, an AWQ / GPTQ "
-        "checkpoint's int4 layers); none, int8 and int4 apply to every layer (see "
-        "docs/benchmarks.md).",
+        help_text=_(
+            "Weight formats: auto follows the checkpoint (a GGUF's tensors, an AWQ / GPTQ "
+            "checkpoint's int4 layers); none, int8 and int4 apply to every layer (see "
+            "docs/benchmarks.md)."
+        ),
     )
     quantization_group_size = models.PositiveIntegerField(
+        _("quantization group size"),
         default=default_for("quantization_group_size"),
         validators=[MinValueValidator(16)],
-        help_text="int4 only: weights per scale (a power of two that divides every layer).",
+        help_text=_("int4 only: weights per scale (a power of two that divides every layer)."),
     )
     kv_cache_dtype = models.CharField(
+        _("KV cache dtype"),
         max_length=8,
         choices=KvCacheDtype.choices,
         default=default_for("kv_cache_dtype"),
-        verbose_name="KV cache dtype",
     )
     num_speculative_tokens = models.PositiveIntegerField(
+        _("num speculative tokens"),
         default=default_for("num_speculative_tokens"),
-        help_text="Draft tokens per step (0: off), guessed by the speculative method below and "
-        "checked by the model; in float32 answers are unchanged.",
+        help_text=_(
+            "Draft tokens per step (0: off), guessed by the speculative method below and checked "
+            "by the model; in float32 answers are unchanged."
+        ),
     )
     speculative_method = models.CharField(
+        _("speculative method"),
         max_length=8,
         choices=SpeculativeMethod.choices,
         default=default_for("speculative_method"),
-        help_text="n-gram lookup speeds up answers that quote the prompt or the documents; a "
-        "draft model of the same family speeds up any answer (docs/benchmarks.md).",
+        help_text=_(
+            "n-gram lookup speeds up answers that quote the prompt or the documents; a draft "
+            "model of the same family speeds up any answer (docs/benchmarks.md)."
+        ),
     )
     # NOTE: an app field, resolved into EngineConfig's draft_model_dir as `source` is into
     # model_dir (`engine_config`).
     draft_source = models.CharField(
+        _("draft source"),
         max_length=500,
         blank=True,
-        help_text="The draft model (speculative method 'draft'): as the source above, and with "
-        "the same tokenizer, e.g. qwen2.5-coder-0.5b-instruct for qwen2.5-coder-1.5b-instruct.",
+        help_text=_(
+            "The draft model (speculative method 'draft'): as the source above, and with the "
+            "same tokenizer, e.g. qwen2.5-coder-0.5b-instruct for qwen2.5-coder-1.5b-instruct."
+        ),
     )
     draft_kv_cache_mb = models.PositiveIntegerField(
+        _("draft KV cache MB"),
         default=default_for("draft_kv_cache_mb"),
         null=True,
         blank=True,
-        verbose_name="draft KV cache MB",
-        help_text="The draft model's own KV cache. Empty: as many tokens as the model's.",
+        help_text=_("The draft model's own KV cache. Empty: as many tokens as the model's."),
     )
     draft_quantization = models.CharField(
+        _("draft quantization"),
         max_length=8,
         choices=Quantization.choices,
         default=default_for("draft_quantization"),
         null=True,
         blank=True,
-        help_text="The draft model's weight formats. Empty: as the model's. int4 makes a draft "
-        "faster where its checkpoint's own formats run layer by layer; answers are unchanged.",
+        help_text=_(
+            "The draft model's weight formats. Empty: as the model's. int4 makes a draft faster "
+            "where its checkpoint's own formats run layer by layer; answers are unchanged."
+        ),
     )
     # --- App fields (APP_FIELDS): the default sampling of chats and the active flag.
     temperature = models.FloatField(
-        default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
+        _("temperature"), default=0.7, validators=[MinValueValidator(0.0), MaxValueValidator(2.0)]
     )
     top_p = models.FloatField(
         default=0.9, validators=[MinValueValidator(0.01), MaxValueValidator(1.0)]
     )
     top_k = models.PositiveIntegerField(null=True, blank=True)
-    max_tokens = models.PositiveIntegerField(default=512, validators=[MinValueValidator(1)])
-    is_active = models.BooleanField(
-        default=False, help_text="The engine serves the active configuration; only one is active."
+    max_tokens = models.PositiveIntegerField(
+        _("max tokens"), default=512, validators=[MinValueValidator(1)]
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    is_active = models.BooleanField(
+        _("is active"),
+        default=False,
+        help_text=_("The engine serves the active configuration; only one is active."),
+    )
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
         ordering = ["-is_active", "name"]
+        verbose_name = _("model configuration")
+        verbose_name_plural = _("model configurations")
         constraints = [
             models.UniqueConstraint(
                 fields=["is_active"],
@@ -201,7 +238,9 @@ class ModelConfig(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.name}{' (active)' if self.is_active else ''}"
+        if self.is_active:
+            return gettext("%(name)s (active)") % {"name": self.name}
+        return self.name
 
     @property
     def effective_source(self) -> str:

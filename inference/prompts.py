@@ -19,6 +19,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from inference.engine import ReusableSpans
+
 logger = logging.getLogger(__name__)
 
 # Placeholders that no chat template rewrites; used to find the template's own text between them.
@@ -66,6 +68,15 @@ class BuiltPrompt:
     num_prefix_tokens: int  # the fixed system prefix, identical for every chat of this profile
     num_dropped_turns: int
     segments: list[int] = field(default_factory=list)  # token count per message, for debugging
+    # [start, end) token ranges of the newest message's passages (`build(passages=...)`)
+    passage_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def reusable(self) -> ReusableSpans | None:
+        """Where the passages are, for the engine's chunk-KV reuse (None: no passages)."""
+        if not self.passage_spans:
+            return None
+        return ReusableSpans(self.num_prefix_tokens, tuple(self.passage_spans))
 
 
 def template_joins(tokenizer) -> TemplateJoins:
@@ -127,12 +138,24 @@ class PromptBuilder:
         }
         self._generation_ids = self._structure(self.joins.generation_prompt)
 
-    def build(self, history: Sequence[Turn], message: str, *, max_tokens: int) -> BuiltPrompt:
-        """The prompt for `message` after `history` (alternating user/assistant, user first)."""
+    def build(
+        self,
+        history: Sequence[Turn],
+        message: str,
+        *,
+        max_tokens: int,
+        passages: Sequence[tuple[int, int]] = (),
+    ) -> BuiltPrompt:
+        """The prompt for `message` after `history` (alternating user/assistant, user first).
+
+        `passages`: [start, end) character ranges of quoted passages in `message`, whose token
+        ranges the prompt then names (`BuiltPrompt.passage_spans`, for chunk-KV reuse).
+        """
         _check_alternation(history)
         budget = self.max_model_len - max_tokens
         with self._tokenizer_lock:
-            message_ids = self._text(message) + self._generation_ids
+            text_ids, message_spans = self._text_with_spans(message, passages)
+            message_ids = text_ids + self._generation_ids
             turn_ids = [self._turn_ids(turn) for turn in history]
         fixed = len(self.prefix_ids) + len(message_ids)
         if fixed > budget:
@@ -142,12 +165,14 @@ class PromptBuilder:
         token_ids = list(self.prefix_ids)
         for ids in kept:
             token_ids.extend(ids)
+        message_start = len(token_ids)
         token_ids.extend(message_ids)
         return BuiltPrompt(
             token_ids=token_ids,
             num_prefix_tokens=len(self.prefix_ids),
             num_dropped_turns=num_dropped,
             segments=[len(ids) for ids in kept] + [len(message_ids)],
+            passage_spans=[(message_start + a, message_start + b) for a, b in message_spans],
         )
 
     def _num_turns_to_drop(self, turn_ids: list[list[int]], room: int) -> int:
@@ -172,6 +197,37 @@ class PromptBuilder:
     def _text(self, text: str) -> list[int]:
         # NOTE: split_special_tokens makes control strings in user or document text plain text.
         return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def _text_with_spans(
+        self, text: str, char_spans: Sequence[tuple[int, int]]
+    ) -> tuple[list[int], list[tuple[int, int]]]:
+        """`_text(text)` and the token ranges lying wholly inside each of `char_spans` (none
+        for a tokenizer without character offsets, or a span no token fits in)."""
+        if not char_spans:
+            return self._text(text), []
+        try:
+            encoding = self.tokenizer(
+                text,
+                add_special_tokens=False,
+                split_special_tokens=True,
+                return_offsets_mapping=True,
+            )
+        except NotImplementedError:  # NOTE: slow (Python) tokenizers have no offsets
+            return self._text(text), []
+        # NOTE: transformers 5's Python tokenizers ignore return_offsets_mapping instead
+        offsets = encoding.get("offset_mapping")
+        if offsets is None:
+            return list(encoding["input_ids"]), []
+        spans = []
+        for char_start, char_end in char_spans:
+            inside = [
+                i
+                for i, (start, end) in enumerate(offsets)
+                if char_start <= start and end <= char_end and start < end
+            ]
+            if inside:
+                spans.append((inside[0], inside[-1] + 1))
+        return list(encoding["input_ids"]), spans
 
     def _structure(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []

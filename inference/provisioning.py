@@ -91,12 +91,12 @@ def verify_chat_model(directory: Path) -> str:
 
 
 def verify_embedder(directory: Path) -> str:
-    """Load the sentence-transformers model and embed one sentence."""
+    """Load the embedding model as search does and embed one sentence."""
     import numpy as np
-    from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(directory), device="cpu")
-    vector = model.encode([PROBE_TEXT], normalize_embeddings=True)[0]
+    from retrieval.embeddings import load_embedder
+
+    vector = load_embedder(str(directory)).encode([PROBE_TEXT])[0]
     if not np.isfinite(vector).all() or abs(float(np.linalg.norm(vector)) - 1.0) > 1e-3:
         raise RuntimeError(f"the embedding model at {directory} produced a bad vector")
     return f"embedding dimension {vector.shape[0]}"

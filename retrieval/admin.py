@@ -15,6 +15,8 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy, ngettext
 
 from retrieval.forms import SearchPreviewForm, UploadForm
 from retrieval.models import Chunk, Collection, Document
@@ -37,7 +39,7 @@ class CollectionAdmin(admin.ModelAdmin[Collection]):
     def get_queryset(self, request: HttpRequest) -> QuerySet[Collection]:
         return super().get_queryset(request).annotate(document_count=Count("documents"))
 
-    @admin.display(description="documents", ordering="document_count")
+    @admin.display(description=gettext_lazy("documents"), ordering="document_count")
     def num_documents(self, collection: WithAnnotations[Collection, _DocumentCount]) -> int:
         return collection.document_count
 
@@ -78,17 +80,17 @@ class DocumentAdmin(admin.ModelAdmin[Document]):
             *super().get_urls(),
         ]
 
-    @admin.display(description="progress", ordering="progress")
+    @admin.display(description=gettext_lazy("progress"), ordering="progress")
     def progress_bar(self, document: Document) -> str:
         return format_html(
             '<progress class="cachet-progress" data-document-id="{}" data-status="{}" max="100"'
             ' value="{}"></progress> <span data-progress-label="{}">{}</span>',
             document.pk, document.status, document.progress, document.pk,
-            f"failed: {document.error}" if document.status == Document.Status.FAILED
+            f"{_('failed')}: {document.error}" if document.status == Document.Status.FAILED
             else f"{document.progress}%",
         )  # fmt: skip
 
-    @admin.display(description="size", ordering="size_bytes")
+    @admin.display(description=gettext_lazy("size"), ordering="size_bytes")
     def size_display(self, document: Document) -> str:
         return f"{document.size_bytes / 1024:.1f} KB"
 
@@ -100,13 +102,22 @@ class DocumentAdmin(admin.ModelAdmin[Document]):
         if not change or "file" in form.changed_data:
             enqueue_ingest(obj)
 
-    @admin.action(description="Re-ingest selected documents")
+    @admin.action(description=gettext_lazy("Re-ingest selected documents"))
     def reingest_selected(self, request: HttpRequest, queryset: QuerySet[Document]) -> None:
         documents = list(queryset)
         with transaction.atomic():
             for document in documents:
                 enqueue_ingest(document)
-        self.message_user(request, f"{len(documents)} document(s) queued for ingestion.")
+        count = len(documents)
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d document queued for ingestion.",
+                "%(count)d documents queued for ingestion.",
+                count,
+            )
+            % {"count": count},
+        )
         _report_unqueued(request, documents)
 
     def upload_view(self, request: HttpRequest) -> HttpResponse:
@@ -121,34 +132,35 @@ class DocumentAdmin(admin.ModelAdmin[Document]):
                     for upload in form.cleaned_data["files"]
                 ]
             count = len(form.cleaned_data["files"])
-            messages.success(request, f"{count} file(s) uploaded to {collection}; ingesting.")
+            message = ngettext(
+                "%(count)d file uploaded to %(collection)s; ingesting.",
+                "%(count)d files uploaded to %(collection)s; ingesting.",
+                count,
+            )
+            messages.success(request, message % {"count": count, "collection": collection})
             _report_unqueued(request, documents)
             return redirect(reverse("admin:retrieval_document_changelist"))
         context = {
             **self.admin_site.each_context(request),
-            "title": "Upload documents",
+            "title": _("Upload documents"),
             "form": form,
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/retrieval/document/upload.html", context)
 
     def search_view(self, request: HttpRequest) -> HttpResponse:
-        from retrieval.search import search
-
+        """The top-K of a query; the retrieval test page (frontend) shows its whole pool."""
         form = SearchPreviewForm(request.GET or None)
-        hits = None
+        explanation = None
         if request.GET and form.is_valid():
-            hits = search(
-                form.cleaned_data["query"],
-                form.cleaned_data["collections"] or None,
-                form.cleaned_data["top_k"],
-                user=request.user,
-            )
+            explanation = form.explain(request.user)
         context = {
             **self.admin_site.each_context(request),
-            "title": "Search preview",
+            "title": _("Search preview"),
             "form": form,
-            "hits": hits,
+            "explanation": explanation,
+            "hits": None if explanation is None else [entry.hit for entry in explanation.kept],
+            "full_pool_url": f"{reverse('frontend:retrieval-test')}?{request.GET.urlencode()}",
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/retrieval/document/search.html", context)
@@ -178,8 +190,11 @@ def _report_unqueued(request: HttpRequest, documents: list[Document]) -> None:
     """Say so when the broker refused ingestion tasks (the documents show it as their error)."""
     unqueued = [document for document in documents if was_not_queued(document)]
     if unqueued:
-        messages.error(
-            request,
-            f"{len(unqueued)} document(s) could not be queued: the task broker is unreachable. "
+        message = ngettext(
+            "%(count)d document could not be queued: the task broker is unreachable. "
+            "Re-ingest it once it is back.",
+            "%(count)d documents could not be queued: the task broker is unreachable. "
             "Re-ingest them once it is back.",
+            len(unqueued),
         )
+        messages.error(request, message % {"count": len(unqueued)})

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
 
 
 class RetrievalConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
     name = "retrieval"
-    verbose_name = "Retrieval"
+    verbose_name = _("Retrieval")
 
     def ready(self) -> None:
         # NOTE: a worker checks the index against the database when it starts, before any task,

@@ -18,9 +18,12 @@ from typing import Any
 import numpy as np
 from django.core.files.base import ContentFile
 
+from retrieval.embedders import TextEmbedder
 from retrieval.embeddings import get_embedder
 from retrieval.ingest import embed, prepare, store
+from retrieval.lexical_store import make_lexical_store
 from retrieval.models import Chunk, Collection, Document
+from retrieval.postings import analyze_tables, delete_chunks
 from retrieval.rerank import Reranker, make_reranker
 from retrieval.search import MODES, Retriever
 
@@ -73,10 +76,18 @@ def evaluate(
     reranker: Reranker | None = None,
     modes: tuple[str, ...] = MODES,
     candidates: int = 50,
+    embedder: TextEmbedder | None = None,
+    lexical_stores: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
+    """Scores per mode of the pipeline on a BEIR set; `embedder`: None for the configured one.
+
+    `lexical_stores` (names of `retrieval.lexical_store`): every mode is scored with each of
+    them in turn, over the one ingested corpus, under `by_lexical_store`; None: the configured
+    store, scores at the top level. Without a mode that needs vectors nothing is embedded.
+    """
     corpus, queries, qrels = load_beir(directory)
     query_ids = [q for q in queries if q in qrels][:max_queries]
-    embedder = get_embedder()
+    embedder = embedder or get_embedder()
     collection = Collection.objects.create(
         name=f"eval-{uuid.uuid4().hex[:12]}", description=f"throwaway: {directory}"
     )
@@ -88,25 +99,39 @@ def evaluate(
             candidates,
         )
         try:
-            chunks_per_s = _ingest_corpus(retriever, collection, corpus)
+            with_vectors = any(mode != "bm25" for mode in modes)
+            chunks_per_s = _ingest_corpus(retriever, collection, corpus, with_vectors)
             result: dict[str, Any] = {}
-            for mode in modes:
-                result[mode] = _run_mode(retriever, collection, mode, query_ids, queries, qrels)
+            if lexical_stores is None:
+                for mode in modes:
+                    result[mode] = _run_mode(retriever, collection, mode, query_ids, queries, qrels)
+            else:
+                result["by_lexical_store"] = {}
+                for name in lexical_stores:
+                    retriever.lexical = make_lexical_store(name)
+                    result["by_lexical_store"][name] = {
+                        mode: _run_mode(retriever, collection, mode, query_ids, queries, qrels)
+                        for mode in modes
+                    }
             result["ingest_chunks_per_s"] = round(chunks_per_s, 1)
             result["num_queries"] = len(query_ids)
-            result["num_chunks"] = len(retriever.vectors)
+            result["num_chunks"] = Chunk.objects.filter(document__collection=collection).count()
             result["reranker"] = retriever.reranker.name
+            result["embedding_model"] = embedder.model_id
             return result
         finally:
             documents = Document.objects.filter(collection=collection)
             for document in documents:
                 document.file.delete(save=False)
-            Chunk.objects.filter(document__collection=collection).delete()
+            delete_chunks(Chunk.objects.filter(document__collection=collection))
             collection.delete()
 
 
 def _ingest_corpus(
-    retriever: Retriever, collection: Collection, corpus: list[dict[str, Any]]
+    retriever: Retriever,
+    collection: Collection,
+    corpus: list[dict[str, Any]],
+    with_vectors: bool = True,
 ) -> float:
     documents = [
         Document.objects.create(
@@ -121,11 +146,13 @@ def _ingest_corpus(
     started = time.perf_counter()
     prepared = [prepare(document, retriever) for document in documents]
     texts = [draft.text for p in prepared for draft in p.drafts]
-    vectors = embed(retriever, texts)
+    vectors = embed(retriever, texts) if with_vectors else None
     all_ids: list[int] = []
     for item in prepared:
         all_ids.extend(store(item)[1])
-    retriever.vectors.replace([], all_ids, vectors)
+    if vectors is not None:
+        retriever.vectors.replace([], all_ids, vectors)
+    analyze_tables()  # a bulk load: the planner's statistics, as autovacuum would refresh them
     elapsed = time.perf_counter() - started
     logger.info("ingested %d chunks in %.1fs", len(all_ids), elapsed)
     return len(all_ids) / elapsed

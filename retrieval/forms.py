@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
+from django.utils.translation import gettext as _
+from django.utils.translation import gettext_lazy
 
 from retrieval.extract import SUPPORTED_SUFFIXES
 from retrieval.models import Collection
+
+if TYPE_CHECKING:
+    from retrieval.explain import Explanation
 
 
 class MultipleFileInput(forms.ClearableFileInput):
@@ -32,11 +37,13 @@ class MultipleFileField(forms.FileField):
         for upload in cleaned:
             if upload.size > limit:
                 errors.append(
-                    f"{upload.name} is larger than the {settings.CACHET_MAX_UPLOAD_MB} MB limit."
+                    _("%(name)s is larger than the %(limit)s MB limit.")
+                    % {"name": upload.name, "limit": settings.CACHET_MAX_UPLOAD_MB}
                 )
             elif Path(upload.name).suffix.lower() not in SUPPORTED_SUFFIXES:
                 errors.append(
-                    f"{upload.name}: unsupported type; use {', '.join(SUPPORTED_SUFFIXES)}."
+                    _("%(name)s: unsupported type; use %(types)s.")
+                    % {"name": upload.name, "types": ", ".join(SUPPORTED_SUFFIXES)}
                 )
         if errors:
             raise forms.ValidationError(errors)
@@ -44,15 +51,34 @@ class MultipleFileField(forms.FileField):
 
 
 class UploadForm(forms.Form):
-    collection = forms.ModelChoiceField(queryset=Collection.objects.all())
+    collection = forms.ModelChoiceField(
+        queryset=Collection.objects.all(), label=gettext_lazy("Collection")
+    )
     # NOTE: Django's form metaclass moves declared fields into `base_fields`, so this field never
     # shadows `BaseForm.files` (the request's files), as the type checker reads it.
-    files = MultipleFileField()  # type: ignore[assignment]
+    files = MultipleFileField(label=gettext_lazy("Files"))  # type: ignore[assignment]
 
 
 class SearchPreviewForm(forms.Form):
-    query = forms.CharField(max_length=1000)
+    query = forms.CharField(max_length=1000, label=gettext_lazy("Query"))
     collections = forms.ModelMultipleChoiceField(
-        queryset=Collection.objects.all(), required=False, help_text="None selected: all."
+        queryset=Collection.objects.all(),
+        required=False,
+        label=gettext_lazy("Collections"),
+        help_text=gettext_lazy("None selected: all."),
     )
-    top_k = forms.IntegerField(min_value=1, max_value=50, initial=5)
+    top_k = forms.IntegerField(
+        min_value=1, max_value=50, initial=5, label=gettext_lazy("Results (top k)")
+    )
+
+    def explain(self, user: Any, mode: str = "hybrid+rerank") -> Explanation:
+        """The search these fields ask for (call after `is_valid()`), with its whole pool."""
+        from retrieval.explain import explain
+
+        return explain(
+            self.cleaned_data["query"],
+            self.cleaned_data["collections"] or None,
+            self.cleaned_data["top_k"],
+            user=user,
+            mode=mode,
+        )

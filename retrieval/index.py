@@ -3,11 +3,19 @@
 Persisted as one file in the data dir. The web server and the Celery workers are separate
 processes, so every change happens under an exclusive file lock: reload from disk, change, write
 to a temporary file and rename. Readers reload when the file changed since they last read it.
+
+Beside the index, `<index>.model` records which embedding model made its vectors: two models'
+vectors are not comparable even when their dimensions agree (all-MiniLM-L6-v2 and
+multilingual-e5-small both make 384), so an index made by another model than the configured one
+is refused like a corrupt one, and start-up re-embeds it (`retrieval.consistency`). The record is
+written after the index, so a crash between the two leaves an index that is re-embedded once
+more, never one that passes as another model's.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import logging
 import os
 import threading
@@ -18,6 +26,8 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from retrieval.vector_store import UnreadableIndexError
+
 logger = logging.getLogger(__name__)
 
 # How far from 1 a stored vector's length may be (float32 rounding of normalised embeddings is
@@ -25,14 +35,22 @@ logger = logging.getLogger(__name__)
 UNIT_TOLERANCE = 1e-2
 
 
-class UnreadableIndexError(Exception):
-    """The index file cannot be used as it is (corrupt, or made by another embedding model)."""
+__all__ = ["UnreadableIndexError", "VectorIndex"]
 
 
 class VectorIndex:
-    def __init__(self, path: Path, dimension: int) -> None:
+    """The faiss store (`retrieval.vector_store.VectorStore`)."""
+
+    name = "faiss"
+    # NOTE: a file, not the database: written after the chunks' transaction commits.
+    in_database = False
+
+    def __init__(self, path: Path, dimension: int, embedding_model: str) -> None:
+        self.reason = ""
         self.path = Path(path)
         self.dimension = dimension
+        self.embedding_model = embedding_model
+        self.model_record = self.path.with_name(f"{self.path.name}.model")
         self._lock_path = self.path.with_suffix(".lock")
         self._thread_lock = threading.RLock()
         self._index = self._empty()
@@ -68,8 +86,58 @@ class VectorIndex:
                     f"{self.path} holds {index.d}-dimensional vectors but the embedding model "
                     f"makes {self.dimension}; run `manage.py rebuild_index`"
                 )
+            self._check_model()
             self._index = index
         self._loaded_stamp = stamp
+
+    def recorded_model(self) -> str | None:
+        """The embedding model the record names; None without a readable record."""
+        try:
+            record = json.loads(self.model_record.read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+        model = record.get("embedding_model") if isinstance(record, dict) else None
+        return model if isinstance(model, str) else None
+
+    def _check_model(self) -> None:
+        recorded = self.recorded_model()
+        if recorded is None:
+            # NOTE: an index written before the record existed: it can only have been made by
+            # the model configured then; the next write records the configured one.
+            logger.warning(
+                "%s does not record its embedding model; assuming %s",
+                self.path,
+                self.embedding_model,
+            )
+        elif recorded != self.embedding_model:
+            raise UnreadableIndexError(
+                f"{self.path} was made by the embedding model {recorded!r}, but "
+                f"{self.embedding_model!r} is configured; run `manage.py rebuild_index`"
+            )
+
+    def _record_model(self) -> None:
+        if self.recorded_model() == self.embedding_model:
+            return
+        temporary = self.model_record.with_name(f"{self.model_record.name}.tmp{os.getpid()}")
+        record = {"embedding_model": self.embedding_model, "dimension": self.dimension}
+        temporary.write_text(json.dumps(record))
+        os.replace(temporary, self.model_record)
+
+    def set_aside(self, suffix: str) -> str:
+        """Move the index file (and its model record) out of the way; returns where it went."""
+        with self._thread_lock, open(self._lock_path, "a") as lock_file:
+            fcntl.flock(lock_file, fcntl.LOCK_EX)
+            try:
+                aside = self.path.with_name(f"{self.path.name}.{suffix}")
+                if self.path.exists():
+                    self.path.replace(aside)
+                if self.model_record.exists():
+                    self.model_record.replace(aside.with_name(f"{aside.name}.model"))
+                self._index = self._empty()
+                self._loaded_stamp = None
+                return str(aside)
+            finally:
+                fcntl.flock(lock_file, fcntl.LOCK_UN)
 
     @contextmanager
     def _writing(self, *, reload: bool = True) -> Iterator[None]:
@@ -82,6 +150,7 @@ class VectorIndex:
                 temporary = self.path.with_suffix(f".tmp{os.getpid()}")
                 faiss.write_index(self._index, str(temporary))
                 os.replace(temporary, self.path)
+                self._record_model()
                 self._loaded_stamp = self._stamp()
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
@@ -118,6 +187,15 @@ class VectorIndex:
                 return set()
             return set(faiss.vector_to_array(self._index.id_map).tolist())
 
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every (ids, vectors) the index holds, in its order (to carry them to another store)."""
+        with self._thread_lock:
+            self._refresh()
+            if self._index.ntotal == 0:
+                return np.zeros(0, np.int64), np.zeros((0, self.dimension), np.float32)
+            ids = faiss.vector_to_array(self._index.id_map).astype(np.int64)
+            return ids, self._index.index.reconstruct_n(0, self._index.ntotal)
+
     def verify(self) -> None:
         """Raise UnreadableIndexError unless every vector is a finite unit vector.
 
@@ -144,9 +222,14 @@ class VectorIndex:
             return int(self._index.ntotal)
 
     def search(
-        self, query: np.ndarray, limit: int, allowed_ids: np.ndarray | None = None
+        self,
+        query: np.ndarray,
+        limit: int,
+        allowed_ids: np.ndarray | None = None,
+        collection_ids: list[int] | None = None,
     ) -> list[tuple[int, float]]:
-        """(chunk id, cosine) best first; `allowed_ids` restricts the search to those ids."""
+        """(chunk id, cosine) best first; `allowed_ids` restricts the search to those ids (the
+        chunks of `collection_ids`, which a file of vectors cannot filter by itself)."""
         with self._thread_lock:
             self._refresh()
             if self._index.ntotal == 0 or limit <= 0:
@@ -164,3 +247,6 @@ class VectorIndex:
                 params=params,
             )
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=False) if i >= 0]
+
+    def describe(self) -> str:
+        return f"faiss: {self.path}"

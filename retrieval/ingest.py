@@ -1,8 +1,10 @@
 """The ingestion pipeline of one document: read, extract, chunk, embed, store, index.
 
 Running it twice leaves the same chunks and vectors: the document's old chunks and their vectors
-are replaced, never added to. The database is written in one transaction; the index right after.
-A crash between the two leaves a mismatch that start-up repair (`consistency.py`) fixes.
+are replaced, never added to. The database is written in one transaction, the vectors too where
+they live in it (pgvector); a faiss index right after, and a crash between the two leaves a
+mismatch that start-up repair (`consistency.py`) fixes.
+Staff may cancel a run: it stops at its next stage or embedding batch (`cancellation.py`).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ import numpy as np
 from django.conf import settings
 from django.db import transaction
 
+from retrieval.cancellation import IngestionCancelled, advance, discard
 from retrieval.chunking import ChunkDraft, chunk_sections
 from retrieval.extract import ExtractionError, extract, mime_type_for
 from retrieval.ingestion_lock import ingestion_lock
 from retrieval.models import Chunk, Document
-from retrieval.progress import report
+from retrieval.postings import StatsDeltas, delete_chunks, index_chunks
+from retrieval.progress import publish, report
 from retrieval.search import Retriever, get_retriever
 
 logger = logging.getLogger(__name__)
@@ -71,11 +75,16 @@ def prepare(document: Document, retriever: Retriever) -> Prepared:
 
 
 def store(prepared: Prepared) -> tuple[list[int], list[int]]:
-    """Replace the document's chunks in one transaction; returns (old ids, new ids)."""
+    """Replace the document's chunks in one transaction; returns (old ids, new ids).
+
+    Raises IngestionCancelled, writing nothing, if the document was cancelled meanwhile.
+    """
     document = prepared.document
     with transaction.atomic():
-        old_ids = list(Chunk.objects.filter(document=document).values_list("id", flat=True))
-        Chunk.objects.filter(document=document).delete()
+        # BM25's postings change with the chunks, their statistics once at the end
+        # (retrieval.postings says why).
+        deltas = StatsDeltas()
+        old_ids = delete_chunks(Chunk.objects.filter(document=document), deltas)
         created = Chunk.objects.bulk_create(
             Chunk(
                 document=document,
@@ -89,8 +98,16 @@ def store(prepared: Prepared) -> tuple[list[int], list[int]]:
             )
             for ordinal, draft in enumerate(prepared.drafts)
         )
+        index_chunks(created, deltas)
+        deltas.apply()
         new_ids = [chunk.pk for chunk in created]
-        Document.objects.filter(pk=document.pk).update(status=Status.READY, progress=100, error="")
+        is_ready = (
+            Document.objects.filter(pk=document.pk)
+            .exclude(status=Status.CANCELLED)
+            .update(status=Status.READY, progress=100, error="")
+        )
+        if not is_ready:
+            raise IngestionCancelled(document.pk)  # rolls the chunks back
     return old_ids, new_ids
 
 
@@ -111,10 +128,21 @@ def embed(
 
 
 def fail(document: Document, reason: str) -> None:
-    """Mark failed and drop any chunks and vectors an earlier run left."""
-    old_ids = list(Chunk.objects.filter(document=document).values_list("id", flat=True))
-    Chunk.objects.filter(document=document).delete()
-    report(document, Status.FAILED, 0, reason)
+    """Mark failed and drop any chunks and vectors an earlier run left.
+
+    A document cancelled meanwhile stays cancelled: staff stopped it, whatever went wrong after.
+    """
+    old_ids = delete_chunks(Chunk.objects.filter(document=document))
+    has_failed = (
+        Document.objects.filter(pk=document.pk)
+        .exclude(status=Status.CANCELLED)
+        .update(status=Status.FAILED, progress=0, error=reason)
+    )
+    if has_failed:
+        document.status, document.progress, document.error = Status.FAILED, 0, reason
+    else:
+        document.status, document.progress, document.error = Status.CANCELLED, 0, ""
+    publish(document)
     if old_ids:
         get_retriever().vectors.remove(old_ids)
 
@@ -152,25 +180,49 @@ def _ingest(document_id: int, retriever: Retriever, skip_if_ingested: bool) -> D
     if skip_if_ingested and _is_ingested(document):
         logger.info("document %s is already ingested from this file; nothing to do", document_id)
         return document
-    report(document, Status.PROCESSING, 1)
+    if document.status == Status.CANCELLED:
+        logger.info("document %s was cancelled; nothing to ingest", document_id)
+        discard(document)  # what a run before this one left, if its cancel found it locked
+        return document
+    try:
+        return _run(document, retriever)
+    except IngestionCancelled:
+        logger.info("document %s: ingestion stopped, it was cancelled", document_id)
+        if Document.objects.filter(pk=document_id).exists():
+            discard(document)
+            return document
+        return None
+
+
+def _run(document: Document, retriever: Retriever) -> Document:
+    """The stages; each step forward checks for a cancel (`advance`)."""
+    document_id = document.pk
+    advance(document, 1)
     try:
         prepared = prepare(document, retriever)
     except ExtractionError as error:
         logger.info("document %s failed: %s", document_id, error)
         fail(document, str(error))
         return document
-    report(document, Status.PROCESSING, 10)
+    advance(document, 10)
     last = [10]
 
     def on_batch(done: int, total: int) -> None:
+        # NOTE: every batch checks for a cancel (one indexed UPDATE); progress shows in 5% steps.
         percent = 10 + int(85 * done / max(total, 1))
         if percent - last[0] >= 5 or done == total:
             last[0] = percent
-            report(document, Status.PROCESSING, percent)
+        advance(document, last[0])
 
     vectors = embed(retriever, [d.text for d in prepared.drafts], on_batch)
-    old_ids, new_ids = store(prepared)
-    retriever.vectors.replace(old_ids, new_ids, vectors)
+    # NOTE: a store in the database (pgvector) writes the vectors in the chunks' transaction, so
+    # both are there or neither; a faiss file is written right after it commits.
+    with transaction.atomic():
+        old_ids, new_ids = store(prepared)
+        if retriever.vectors.in_database:
+            retriever.vectors.replace(old_ids, new_ids, vectors)
+    if not retriever.vectors.in_database:
+        retriever.vectors.replace(old_ids, new_ids, vectors)
     report(document, Status.READY, 100)
     logger.info("document %s ready: %d chunks", document_id, len(new_ids))
     return document

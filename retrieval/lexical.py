@@ -17,6 +17,12 @@ from retrieval.analyzer import analyze
 
 logger = logging.getLogger(__name__)
 
+# bm25s's defaults, named because the PostgreSQL store (retrieval.lexical_postgres) must score
+# with the same ones.
+K1 = 1.5
+B = 0.75
+METHOD = "lucene"
+
 
 class LexicalIndex:
     def __init__(self) -> None:
@@ -26,7 +32,7 @@ class LexicalIndex:
         self._stamp: object = None
 
     def build(self, chunk_ids: list[int], texts: list[str], stamp: object = None) -> None:
-        retriever = bm25s.BM25()
+        retriever = bm25s.BM25(k1=K1, b=B, method=METHOD)
         if texts:
             retriever.index([analyze(text) for text in texts], show_progress=False)
         with self._lock:

@@ -6,21 +6,29 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractUser, AnonymousUser, Group
 from django.db import models
 from django.db.models import Q, QuerySet
+from django.utils.translation import gettext_lazy as _
 
 
 class Collection(models.Model):
     """A knowledge base. Staff manage it; `readers` and `reader_groups` may search it."""
 
-    name = models.CharField(max_length=200, unique=True)
-    description = models.TextField(blank=True)
+    name = models.CharField(_("name"), max_length=200, unique=True)
+    description = models.TextField(_("description"), blank=True)
     readers = models.ManyToManyField(
-        settings.AUTH_USER_MODEL, blank=True, related_name="readable_collections"
+        settings.AUTH_USER_MODEL,
+        blank=True,
+        related_name="readable_collections",
+        verbose_name=_("readers"),
     )
-    reader_groups = models.ManyToManyField(Group, blank=True, related_name="readable_collections")
-    created_at = models.DateTimeField(auto_now_add=True)
+    reader_groups = models.ManyToManyField(
+        Group, blank=True, related_name="readable_collections", verbose_name=_("reader groups")
+    )
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
 
     class Meta:
         ordering = ("name",)
+        verbose_name = _("collection")
+        verbose_name_plural = _("collections")
 
     def __str__(self) -> str:
         return self.name
@@ -43,30 +51,43 @@ def upload_path(document: Document, filename: str) -> str:
 
 class Document(models.Model):
     class Status(models.TextChoices):
-        QUEUED = "queued"
-        PROCESSING = "processing"
-        READY = "ready"
-        FAILED = "failed"
+        QUEUED = "queued", _("Queued")
+        PROCESSING = "processing", _("Processing")
+        READY = "ready", _("Ready")
+        FAILED = "failed", _("Failed")
+        # NOTE: stopped by staff; holds no chunks or vectors, and start-up recovery leaves it.
+        CANCELLED = "cancelled", _("Cancelled")
 
-    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="documents")
-    title = models.CharField(max_length=300)
-    file = models.FileField(upload_to=upload_path, max_length=500)
-    mime_type = models.CharField(max_length=120, blank=True)
-    size_bytes = models.PositiveBigIntegerField(default=0)
-    content_hash = models.CharField(max_length=64, blank=True, db_index=True)
+    collection = models.ForeignKey(
+        Collection,
+        on_delete=models.CASCADE,
+        related_name="documents",
+        verbose_name=_("collection"),
+    )
+    title = models.CharField(_("title"), max_length=300)
+    file = models.FileField(_("file"), upload_to=upload_path, max_length=500)
+    mime_type = models.CharField(_("MIME type"), max_length=120, blank=True)
+    size_bytes = models.PositiveBigIntegerField(_("size in bytes"), default=0)
+    content_hash = models.CharField(_("content hash"), max_length=64, blank=True, db_index=True)
     status = models.CharField(
-        max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
+        _("status"), max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
     )
-    progress = models.PositiveSmallIntegerField(default=0)
-    error = models.TextField(blank=True)
+    progress = models.PositiveSmallIntegerField(_("progress"), default=0)
+    error = models.TextField(_("error"), blank=True)
     created_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        verbose_name=_("created by"),
     )
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
     class Meta:
         ordering = ("-created_at",)
+        verbose_name = _("document")
+        verbose_name_plural = _("documents")
 
     def __str__(self) -> str:
         return self.title
@@ -75,20 +96,34 @@ class Document(models.Model):
 class Chunk(models.Model):
     """A passage of a document; its primary key is also its vector id in the faiss index."""
 
-    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
-    ordinal = models.PositiveIntegerField()
-    text = models.TextField()
-    token_count = models.PositiveIntegerField()
-    char_start = models.PositiveIntegerField()
-    char_end = models.PositiveIntegerField()
-    page = models.PositiveIntegerField(null=True, blank=True)
-    heading_path = models.JSONField(default=list, blank=True)
+    document = models.ForeignKey(
+        Document, on_delete=models.CASCADE, related_name="chunks", verbose_name=_("document")
+    )
+    ordinal = models.PositiveIntegerField(_("ordinal"))
+    text = models.TextField(_("text"))
+    token_count = models.PositiveIntegerField(_("token count"))
+    char_start = models.PositiveIntegerField(_("char start"))
+    char_end = models.PositiveIntegerField(_("char end"))
+    page = models.PositiveIntegerField(_("page"), null=True, blank=True)
+    heading_path = models.JSONField(_("heading path"), default=list, blank=True)
 
     class Meta:
         ordering = ("document_id", "ordinal")
+        verbose_name = _("chunk")
+        verbose_name_plural = _("chunks")
         constraints = [
             models.UniqueConstraint(fields=("document", "ordinal"), name="chunk_ordinal_unique")
         ]
 
     def __str__(self) -> str:
         return f"{self.document_id}#{self.ordinal}"
+
+
+# NOTE: the tables of BM25 in the database live in their own module; imported here so that
+# Django registers them with the app.
+from retrieval.inverted_index import (  # noqa: E402, F401
+    CorpusShard,
+    IndexedChunk,
+    Posting,
+    TermStats,
+)

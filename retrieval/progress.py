@@ -27,6 +27,11 @@ def report(document: Document, status: str, progress: int, error: str = "") -> N
     Document.objects.filter(pk=document.pk).update(
         status=document.status, progress=document.progress, error=error
     )
+    publish(document)
+
+
+def publish(document: Document) -> None:
+    """Send the document's state, as set on `document`, to its group (the row is saved already)."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -35,7 +40,7 @@ def report(document: Document, status: str, progress: int, error: str = "") -> N
         "document_id": document.pk,
         "status": document.status,
         "progress": document.progress,
-        "error": error,
+        "error": document.error,
     }
     try:
         async_to_sync(layer.group_send)(group_name(document.pk), message)

@@ -23,6 +23,7 @@ import threading
 from django.conf import settings
 from django.db import connections
 
+from retrieval.cancellation import discard_cancelled_leftovers
 from retrieval.ingestion_lock import ingestion_lock
 from retrieval.models import Document
 from retrieval.search import get_retriever
@@ -41,6 +42,9 @@ def recover_interrupted_ingestions(*, include_queued: bool) -> list[int]:
     killed between the upload's commit and its ingestion). With a broker a queued document's
     message is still in the queue, so it is left alone.
     """
+    # NOTE: cancelled documents are never queued again; one whose run died before it removed
+    # its chunks is cleaned here.
+    discard_cancelled_leftovers()
     statuses = [Status.PROCESSING, *([Status.QUEUED] if include_queued else [])]
     candidates = list(
         Document.objects.filter(status__in=statuses).order_by("pk").values_list("pk", flat=True)

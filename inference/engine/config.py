@@ -125,6 +125,22 @@ class EngineConfig:
     # bit (for comparisons).
     native_kernels: bool = True
     fused_decode: bool = True
+    # The prefix cache's disk tier (kv_disk_cache.py): every cached block also written under
+    # this directory (None: memory only), at most kv_disk_cache_mb of them, least recently used
+    # evicted; prompts whose leading blocks memory lost (a restart) read them back.
+    kv_disk_cache_dir: Path | str | None = None
+    kv_disk_cache_mb: float = 4096.0
+    # Chunk-KV reuse (core/chunk_reuse.py): prompts that name their passages (`reusable`) copy
+    # the keys/values of passages computed on their own instead of prefilling them, recomputing
+    # the first chunk_kv_recompute_tokens of each. Approximate: off unless chosen.
+    chunk_kv_reuse: bool = False
+    chunk_kv_recompute_tokens: int = 16
+    # Quantized layers' weights for prefill-sized steps (model_runner.py, "Dense prefill
+    # weights" in the README): "dense" keeps a copy in the model dtype, so those steps run one
+    # GEMM instead of dequantizing every weight each time (more memory: the 1.5B's 3.3 GiB);
+    # "quantized" dequantizes; "auto": dense on CPUs with AMX (bf16) where the copy fits.
+    # NOTE: "quantized" by default until the whole suite has run with "auto" on an AMX CPU.
+    prefill_weights: str = "quantized"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -146,7 +162,13 @@ class EngineConfig:
             )
         if not self.kv_cache_mb > 0:
             raise ConfigError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
-        for name in ("enable_prefix_caching", "native_kernels", "fused_decode"):
+        _check_int("chunk_kv_recompute_tokens", self.chunk_kv_recompute_tokens, minimum=0)
+        if self.prefill_weights not in PREFILL_WEIGHTS:
+            raise ConfigError(
+                f"prefill_weights must be one of {list(PREFILL_WEIGHTS)}, "
+                f"got {self.prefill_weights!r}"
+            )
+        for name in ("enable_prefix_caching", "native_kernels", "fused_decode", "chunk_kv_reuse"):
             _check_bool(name, getattr(self, name))
         if not isinstance(self.device, str) or not self.device:
             raise ConfigError(f"device must be a device name such as 'cpu', got {self.device!r}")
@@ -159,6 +181,7 @@ class EngineConfig:
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not supported; "
                 f"use one of {list(KV_CACHE_DTYPES)}"
             )
+        self._check_disk_cache_settings()
         _check_int("num_speculative_tokens", self.num_speculative_tokens, minimum=0)
         if self.num_speculative_tokens > MAX_SPECULATIVE_TOKENS:
             raise ConfigError(
@@ -174,6 +197,20 @@ class EngineConfig:
             )
         _check_int("speculative_max_num_seqs", self.speculative_max_num_seqs, minimum=1)
         self._check_draft_settings()
+
+    def _check_disk_cache_settings(self) -> None:
+        directory = self.kv_disk_cache_dir
+        if directory is not None:
+            if not isinstance(directory, str | Path) or not str(directory):
+                raise ConfigError(f"kv_disk_cache_dir must be a directory, got {directory!r}")
+            self.kv_disk_cache_dir = Path(directory)
+        mb = self.kv_disk_cache_mb
+        if isinstance(mb, bool) or not isinstance(mb, int | float) or not mb > 0:
+            raise ConfigError(f"kv_disk_cache_mb must be a number of megabytes > 0, got {mb!r}")
+
+    @property
+    def kv_disk_cache_bytes(self) -> int:
+        return int(self.kv_disk_cache_mb * 1024 * 1024)
 
     def _check_draft_settings(self) -> None:
         if self.speculative_method not in SPECULATIVE_METHODS:
@@ -227,6 +264,7 @@ class EngineConfig:
             draft_model_dir=None,
             draft_kv_cache_mb=None,
             draft_quantization=None,
+            kv_disk_cache_dir=None,
         )
 
     @property
@@ -237,6 +275,9 @@ class EngineConfig:
 def _check_bool(name: str, value: object) -> None:
     if not isinstance(value, bool):
         raise ConfigError(f"{name} must be True or False, got {value!r}")
+
+
+PREFILL_WEIGHTS = ("auto", "dense", "quantized")
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

@@ -29,7 +29,9 @@ import torch
 from transformers import AutoTokenizer
 
 from inference.engine.config import ConfigError, EngineConfig
+from inference.engine.core.chunk_reuse import PASSAGE_PARAMS, passage_key
 from inference.engine.core.detokenizer import IncrementalDetokenizer, fast_decoder
+from inference.engine.core.reusable_spans import ReusableSpans
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.sequence import Sequence
 from inference.engine.core.structured_output import StructuredOutput
@@ -158,9 +160,13 @@ class Engine:
         cache_salt: str | None = None,
         *,
         on_output: OutputCallback | None = None,
+        reusable: ReusableSpans | None = None,
     ) -> str:
-        """Queue a request; return its id. `on_output` runs on the engine thread: keep it quick."""
-        request = self._prepare(prompt, params, request_id, cache_salt, on_output)
+        """Queue a request; return its id. `on_output` runs on the engine thread: keep it quick.
+
+        `reusable`: where the prompt holds passages whose keys/values may be reused
+        (core/chunk_reuse.py; used when the engine's `chunk_kv_reuse` is on)."""
+        request = self._prepare(prompt, params, request_id, cache_salt, on_output, reusable)
         self._enqueue(request)
         return request.seq.request_id
 
@@ -170,13 +176,15 @@ class Engine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        *,
+        reusable: ReusableSpans | None = None,
     ) -> AsyncIterator[Delta | Usage]:
         """Async iterator of Deltas then one Usage. Bad input raises here, before queueing.
 
         The request is queued on the first `__anext__`; cancelling the consumer or closing the
-        iterator early (client disconnect) aborts it.
+        iterator early (client disconnect) aborts it. `reusable`: as for `submit`.
         """
-        request = self._prepare(prompt, params, request_id, cache_salt, None)
+        request = self._prepare(prompt, params, request_id, cache_salt, None, reusable)
         return self._stream(request)
 
     def compile_structured_output(self, output: StructuredOutput) -> None:
@@ -200,8 +208,10 @@ class Engine:
         params: SamplingParams | SequenceOf[SamplingParams] | None = None,
         *,
         cache_salt: str | None = None,
+        reusable: SequenceOf[ReusableSpans | None] | None = None,
     ) -> list[GenerationResult]:
-        """Run a batch to completion (blocking); results in prompt order.
+        """Run a batch to completion (blocking); results in prompt order. `reusable`: one
+        entry per prompt, as for `submit`.
 
         Raises RequestFailedError if the engine failed while running one of them.
         """
@@ -212,10 +222,16 @@ class Engine:
             per_prompt = params
         if len(per_prompt) != len(prompts):
             raise ValueError(f"got {len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+        if reusable is None:
+            reusable = [None] * len(prompts)
+        if len(reusable) != len(prompts):
+            raise ValueError(f"got {len(reusable)} reusable entries for {len(prompts)} prompts")
         collectors = [ResultCollector() for _ in prompts]
         requests = [
-            self._prepare(prompt, p, None, cache_salt, collector)
-            for prompt, p, collector in zip(prompts, per_prompt, collectors, strict=True)
+            self._prepare(prompt, p, None, cache_salt, collector, spans)
+            for prompt, p, collector, spans in zip(
+                prompts, per_prompt, collectors, reusable, strict=True
+            )
         ]
         try:
             for request in requests:
@@ -264,6 +280,7 @@ class Engine:
         request_id: object,
         cache_salt: object,
         on_output: OutputCallback | None,
+        reusable: object = None,
     ) -> Request:
         """The request for a caller's arguments, each checked (they come from outside)."""
         if params is None:
@@ -278,6 +295,11 @@ class Engine:
             raise ValueError(f"cache_salt must be a string or None, got {cache_salt!r}")
         token_ids = self._prompt_token_ids(prompt)
         seq = Sequence(request_id, token_ids, params, cache_salt=cache_salt)
+        if reusable is not None:
+            if not isinstance(reusable, ReusableSpans):
+                raise TypeError(f"reusable must be ReusableSpans, got {type(reusable).__name__}")
+            reusable.check(len(token_ids))
+            seq.reusable = reusable
         if params.structured_output is not None:
             seq.grammar = self.grammars.start(params.structured_output)
         # NOTE: SamplingParams.__post_init__ made `stop` a tuple of strings.
@@ -376,7 +398,10 @@ class Engine:
     def _run_loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._commands or self._is_closed or self.core.has_work):
+                while (
+                    not (self._commands or self._is_closed or self.core.has_work)
+                    and not self.core.is_warming_up
+                ):
                     self._cond.wait()
                 commands, self._commands = self._commands, []
                 is_closing = self._is_closed
@@ -398,15 +423,30 @@ class Engine:
             else:
                 core.abort(command)
         if is_closing:
-            core.abort_all()
+            core.close()
         elif not core.has_work:
             core.record_metrics()  # e.g. after an abort: show the freed KV blocks at once
+            if core.is_warming_up and not commands:
+                core.warm_up()  # NOTE: only while idle: requests come first
         else:
             self._adapt_threads()
             if not core.step():
                 logger.warning("the engine has requests but could schedule none; waiting")
                 with self._cond:
                     self._cond.wait(STALL_WAIT_S)
+            self._add_passage_requests()
+
+    def _add_passage_requests(self) -> None:
+        """Compute on their own the passages a blended prompt found nothing to reuse for
+        (core/chunk_reuse.py): internal requests nobody reads, whose blocks the prefix cache
+        keeps, so the next prompt holding a passage reuses it."""
+        core = self.core
+        for tokens, cache_salt in core.scheduler.take_missing_passages():
+            request_id = "passage-kv-" + passage_key(tokens, cache_salt)
+            if request_id not in core.requests:  # NOTE: another prompt may have asked already
+                request = self._prepare(tokens, PASSAGE_PARAMS, request_id, cache_salt, None)
+                request.is_internal = True
+                core.add(request)
 
     def _adapt_threads(self) -> None:
         """One thread fewer per core other processes keep busy (core_share.py says why)."""

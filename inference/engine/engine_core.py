@@ -25,22 +25,28 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.block_manager import BlockManager
+from inference.engine.core.chunk_reuse import release
 from inference.engine.core.detokenizer import IncrementalDetokenizer
 from inference.engine.core.scheduler import Scheduler, SchedulerOutput
 from inference.engine.core.sequence import FinishReason, Sequence
 from inference.engine.core.speculative import NgramProposer
 from inference.engine.draft_proposer import DraftProposer
+from inference.engine.kv_disk_cache import KVDiskCache, kv_fingerprint
 from inference.engine.metrics import EngineMetrics
 from inference.engine.model_runner import BatchEntry, ModelRunner
 from inference.engine.outputs import Delta, RequestFailedError, TokenLogprob, Usage
 from inference.engine.sampler import Sampler
 
 logger = logging.getLogger(__name__)
+
+# Disk-tier blocks loaded per idle iteration of the engine loop after a start.
+WARM_UP_BATCH_BLOCKS = 16
 
 # Called on the engine thread with each Delta, then the Usage, or a RequestFailedError instead.
 OutputCallback = Callable[[Delta | Usage | BaseException], None]
@@ -51,6 +57,9 @@ class Request:
     seq: Sequence
     detokenizer: IncrementalDetokenizer
     on_output: OutputCallback | None
+    # The engine's own work (a passage computed for chunk-KV reuse): no user waits on it, so
+    # it stays out of the latency and request metrics.
+    is_internal: bool = False
 
 
 class EngineCore:
@@ -68,15 +77,21 @@ class EngineCore:
         self.max_model_len = max_model_len
         self.eos_token_ids = eos_token_ids
         self.on_request_done = on_request_done
+        chunk_reuse_recompute_tokens = _chunk_reuse_recompute_tokens(config, runner)
+        self.disk_cache = _open_disk_cache(
+            config, runner, blends=chunk_reuse_recompute_tokens is not None
+        )
         self.block_manager = BlockManager(
             runner.num_kv_blocks,
             config.block_size,
             enable_prefix_caching=config.enable_prefix_caching,
+            disk_cache=self.disk_cache,
         )
         self.scheduler = Scheduler(
             self.block_manager,
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
+            chunk_reuse_recompute_tokens=chunk_reuse_recompute_tokens,
         )
         self.sampler = Sampler()
         self.proposer: NgramProposer | None = None
@@ -98,12 +113,30 @@ class EngineCore:
             )
         self.speculative_max_num_seqs = config.speculative_max_num_seqs
         self.metrics = EngineMetrics()
+        if self.disk_cache is not None:
+            self.metrics.watch_disk_cache(self.disk_cache)
         self.requests: dict[str, Request] = {}
         self._last_output: SchedulerOutput | None = None
 
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    @property
+    def is_warming_up(self) -> bool:
+        """Whether blocks of the disk tier are still to be loaded while idle (`warm_up`)."""
+        return self.block_manager.is_warming_up
+
+    def warm_up(self) -> None:
+        """Load a few of the disk tier's most recent blocks (a batch short enough that a request
+        arriving meanwhile waits for it unnoticed: ~10 ms)."""
+        try:
+            self.block_manager.warm_up(WARM_UP_BATCH_BLOCKS)
+        except Exception:
+            # NOTE: a cache is never worth failing requests for: warming up stops, blocks are
+            # still read on demand.
+            logger.exception("warming the prefix cache up from disk failed; stopping it")
+            self.block_manager.warm_up_hashes.clear()
 
     def add(self, request: Request) -> None:
         self.requests[request.seq.request_id] = request
@@ -121,6 +154,12 @@ class EngineCore:
         for request_id in list(self.requests):
             self.abort(request_id)
         self.record_metrics()
+
+    def close(self) -> None:
+        """Abort every request and write the disk tier's queued blocks (the engine stops)."""
+        self.abort_all()
+        if self.disk_cache is not None:
+            self.disk_cache.close()
 
     def step(self) -> bool:
         """One iteration: schedule, run the model, sample, deliver. False if nothing could run."""
@@ -207,6 +246,10 @@ class EngineCore:
         for row, (seq, num_tokens) in enumerate(
             zip(output.seqs, output.num_scheduled_tokens, strict=True)
         ):
+            if seq.blend is not None:
+                entries.append(self._blended_entry(seq))
+                sample_rows.append(row)  # NOTE: a blend computes the prompt's last token
+                continue
             start = seq.num_computed_tokens
             num_known = num_tokens - len(seq.draft_token_ids)
             token_ids = seq.token_ids[start : start + num_known]
@@ -236,6 +279,19 @@ class EngineCore:
             return sampled_seqs, picks, {}
         return sampled_seqs, picks, token_logprobs(log_probs, sampled_seqs, picks)
 
+    def _blended_entry(self, seq: Sequence) -> BatchEntry:
+        """Copy the reused passages' keys/values into `seq`'s blocks; the entry computing the
+        rest of its prompt (core/chunk_reuse.py)."""
+        plan = seq.blend
+        assert plan is not None
+        try:
+            self.runner.copy_reused_kv(seq.block_table, plan.runs)
+        finally:
+            release(self.block_manager, plan)
+        positions = plan.query_positions
+        token_ids = [seq.token_ids[p] for p in positions]
+        return BatchEntry(token_ids, positions[0], seq.block_table, positions=positions)
+
     def _log_softmax_rows(
         self, logits: torch.Tensor, seqs: list[Sequence], logits_per_seq: list[int]
     ) -> dict[int, torch.Tensor] | None:
@@ -256,7 +312,8 @@ class EngineCore:
         picks: list[list[int]],
         logprobs: dict[str, TokenLogprob],
     ) -> int:
-        """Append each sequence's accepted tokens; return how many tokens were appended."""
+        """Append each sequence's accepted tokens; return how many were appended for requests
+        (the engine's own passage requests are not counted: nobody reads their tokens)."""
         now = time.monotonic()
         self.scheduler.update_from_output(output)
         num_appended = num_verified = num_drafted = num_accepted_total = 0
@@ -272,7 +329,7 @@ class EngineCore:
             request = self.requests[seq.request_id]
             logprob = logprobs.get(seq.request_id)
             for token_id in token_ids[: num_accepted + 1]:
-                num_appended += 1
+                num_appended += not request.is_internal
                 if self._process_token(request, token_id, now, logprob):
                     break  # a stop condition (or an abort): nothing after it counts
             else:
@@ -288,9 +345,14 @@ class EngineCore:
         seq, params, detokenizer = request.seq, request.seq.params, request.detokenizer
         previous_token_time = seq.last_token_time
         seq.append_token(token_id, now)
-        if previous_token_time is None:
+        if request.is_internal:
+            pass
+        elif previous_token_time is None:
             self.metrics.record_first_token(
-                now - seq.arrival_time, seq.num_prompt_tokens, seq.num_cached_tokens
+                now - seq.arrival_time,
+                seq.num_prompt_tokens,
+                seq.num_cached_tokens,
+                seq.num_reused_tokens,
             )
         else:
             self.metrics.record_inter_token_latency(now - previous_token_time)
@@ -342,7 +404,8 @@ class EngineCore:
         if self.draft_proposer is not None:
             self.draft_proposer.release(request_id)
         self.on_request_done(request_id)
-        self.metrics.record_finished(finish_reason)
+        if not request.is_internal:
+            self.metrics.record_finished(finish_reason)
         self._deliver(request, error if error is not None else Usage.from_sequence(request.seq))
 
     def _deliver(self, request: Request, item: Delta | Usage | BaseException) -> None:
@@ -377,3 +440,50 @@ def token_logprobs(
             top = tuple(zip(ids.tolist(), values.tolist(), strict=True))
         result[seq.request_id] = TokenLogprob(token_id, float(row[token_id]), top)
     return result
+
+
+def _chunk_reuse_recompute_tokens(config: EngineConfig, runner: ModelRunner) -> int | None:
+    """The scheduler's chunk-KV reuse setting: None (off) where it cannot run here."""
+    if not config.chunk_kv_reuse:
+        return None
+    reason = runner.cannot_reuse_kv_reason()
+    if reason is None and not config.enable_prefix_caching:
+        reason = "prefix caching is off (passages are found in the prefix cache)"
+    if reason is not None:
+        logger.warning("chunk-KV reuse is off: %s", reason)
+        return None
+    return config.chunk_kv_recompute_tokens
+
+
+def _open_disk_cache(
+    config: EngineConfig, runner: ModelRunner, *, blends: bool
+) -> KVDiskCache | None:
+    """The prefix cache's disk tier, when configured; None (memory only) when it cannot open.
+    `blends`: chunk-KV reuse is on (its blocks go to a directory of their own)."""
+    if config.kv_disk_cache_dir is None or not config.enable_prefix_caching:
+        return None
+    fingerprint = kv_fingerprint(
+        Path(config.model_dir),
+        dtype=runner.dtype,
+        quantization=config.quantization,
+        quantization_group_size=config.quantization_group_size,
+        kv_cache_dtype=config.kv_cache_dtype,
+        block_size=config.block_size,
+        device=runner.device,
+        chunk_kv_reuse=blends,
+    )
+    try:
+        return KVDiskCache(
+            Path(config.kv_disk_cache_dir),
+            fingerprint,
+            runner.kv_cache,
+            max_bytes=config.kv_disk_cache_bytes,
+        )
+    except OSError as error:
+        # NOTE: a cache is never worth refusing to serve for.
+        logger.warning(
+            "KV disk cache at %s unavailable (%s); prefix caching stays in memory",
+            config.kv_disk_cache_dir,
+            error,
+        )
+        return None

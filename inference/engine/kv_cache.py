@@ -74,6 +74,11 @@ class KVCache:
     # [num_blocks, num_kv_heads, block_size]
     layers: list[LayerKVCache]
     spec: KVCacheSpec | None = None
+    # The tensors the layers are views of, the block index in dimension 2: keys and values
+    # [2, num_layers, num_blocks, num_kv_heads, block_size, head_dim], and for an int8 cache their
+    # scales [2, num_layers, num_blocks, num_kv_heads, block_size]. One block of every layer is
+    # then one indexing away (the disk tier copies whole blocks: kv_disk_cache.py).
+    storage: tuple[torch.Tensor, ...] = ()
 
     @property
     def bytes_per_token(self) -> int:
@@ -121,9 +126,11 @@ def allocate_kv_cache(
         device=device,
     )
     layers: list[LayerKVCache] = [(storage[0, i], storage[1, i]) for i in range(spec.num_layers)]
+    backing: tuple[torch.Tensor, ...] = (storage,)
     if spec.is_quantized:
         scales = torch.zeros(storage.shape[:-1], dtype=spec.dtype, device=device)
         layers = [(*layer, scales[0, i], scales[1, i]) for i, layer in enumerate(layers)]
+        backing = (storage, scales)
     unquantized = KVCacheSpec(
         spec.num_layers, spec.num_kv_heads, spec.head_dim, spec.block_size, spec.dtype
     )
@@ -139,4 +146,10 @@ def allocate_kv_cache(
         100 * spec.bytes_per_token / unquantized.bytes_per_token,
         unquantized.bytes_per_token,
     )
-    return KVCache(num_blocks=num_blocks, block_size=spec.block_size, layers=layers, spec=spec)
+    return KVCache(
+        num_blocks=num_blocks,
+        block_size=spec.block_size,
+        layers=layers,
+        spec=spec,
+        storage=backing,
+    )

@@ -7,10 +7,15 @@ engine thread stays cheap; ratios and rates are computed only when a snapshot is
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from inference.engine.kv_disk_cache import KVDiskCache
 
 PREFIX = "cachet_engine"
 TTFT_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0)
@@ -32,6 +37,11 @@ class EngineMetrics:
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens", registry=r)
         self.cached_tokens = Counter(
             f"{PREFIX}_cached_prompt_tokens", "Prompt tokens served by the prefix cache", registry=r
+        )
+        self.reused_tokens = Counter(
+            f"{PREFIX}_reused_prompt_tokens",
+            "Prompt tokens copied from passages computed on their own (chunk-KV reuse)",
+            registry=r,
         )
         self.generation_tokens = Counter(
             f"{PREFIX}_generation_tokens", "Generated tokens", registry=r
@@ -66,6 +76,23 @@ class EngineMetrics:
         }
         self._recent_tokens: deque[tuple[float, int]] = deque()
 
+    def watch_disk_cache(self, disk_cache: KVDiskCache) -> None:
+        """Export the prefix cache's disk tier: its counters are read when metrics are read."""
+        r = self.registry
+        for name, help_text, read in (
+            ("blocks_loaded", "KV blocks read back from the disk tier", "num_loaded"),
+            ("blocks_written", "KV blocks written to the disk tier", "num_written"),
+            ("blocks_rejected", "Disk-tier files ignored (corrupt, foreign)", "num_rejected"),
+            ("blocks_dropped", "KV blocks not written: the writer was busy", "num_dropped"),
+            ("bytes", "Bytes of the disk tier's files", "num_bytes"),
+        ):
+            gauge = Gauge(f"{PREFIX}_kv_disk_{name}", help_text, registry=r)
+            gauge.set_function(functools.partial(_read_number, disk_cache, read))
+        writing = Gauge(
+            f"{PREFIX}_kv_disk_writes_enabled", "1 while the disk tier writes", registry=r
+        )
+        writing.set_function(lambda: float(disk_cache.writes_enabled))
+
     def record_step(
         self,
         *,
@@ -88,11 +115,15 @@ class EngineMetrics:
             while self._recent_tokens[0][0] < now - THROUGHPUT_WINDOW_S:
                 self._recent_tokens.popleft()
 
-    def record_first_token(self, ttft_s: float, num_prompt_tokens: int, num_cached: int) -> None:
+    def record_first_token(
+        self, ttft_s: float, num_prompt_tokens: int, num_cached: int, num_reused: int = 0
+    ) -> None:
         self.ttft.observe(ttft_s)
         self.prompt_tokens.inc(num_prompt_tokens)
         if num_cached:
             self.cached_tokens.inc(num_cached)
+        if num_reused:
+            self.reused_tokens.inc(num_reused)
 
     def record_inter_token_latency(self, seconds: float) -> None:
         self.itl.observe(seconds)
@@ -126,6 +157,7 @@ class EngineMetrics:
             "kv_usage": value(f"{PREFIX}_kv_cache_usage_ratio") or 0.0,
             "prompt_tokens": int(prompt_tokens),
             "cached_prompt_tokens": int(cached_tokens),
+            "reused_prompt_tokens": int(value(f"{PREFIX}_reused_prompt_tokens_total") or 0),
             "prefix_cache_hit_rate": cached_tokens / prompt_tokens if prompt_tokens else 0.0,
             "generation_tokens": int(value(f"{PREFIX}_generation_tokens_total") or 0),
             "tokens_per_s": self._recent_tokens_per_s(),
@@ -134,6 +166,8 @@ class EngineMetrics:
             "num_requests_by_finish_reason": finished,
             "ttft_mean_s": _mean(value(f"{PREFIX}_time_to_first_token_seconds_sum"), ttft_count),
             "itl_mean_s": _mean(value(f"{PREFIX}_inter_token_latency_seconds_sum"), itl_count),
+            "kv_disk_blocks_loaded": int(value(f"{PREFIX}_kv_disk_blocks_loaded") or 0),
+            "kv_disk_blocks_written": int(value(f"{PREFIX}_kv_disk_blocks_written") or 0),
             "spec_draft_tokens": int(draft_tokens),
             "spec_accepted_tokens": int(accepted_tokens),
             "spec_acceptance_rate": _mean(accepted_tokens, draft_tokens),
@@ -153,3 +187,7 @@ class EngineMetrics:
 
 def _mean(total: float | None, count: float) -> float:
     return (total or 0.0) / count if count else 0.0
+
+
+def _read_number(source: object, attribute: str) -> float:
+    return float(getattr(source, attribute))

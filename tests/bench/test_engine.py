@@ -34,7 +34,7 @@ def test_the_smoke_benchmark_prints_engine_and_hf_figures_with_ratios(
     }
 
 
-def test_the_smoke_optimization_table_measures_every_row_and_writes_markdown_and_a_chart(
+def test_the_smoke_optimization_table_measures_every_row_and_writes_markdown_json_and_a_chart(
     chat_model_dir, tmp_path, capsys
 ) -> None:
     from bench.optimization_table import ROWS
@@ -62,3 +62,7 @@ def test_the_smoke_optimization_table_measures_every_row_and_writes_markdown_and
     assert markdown.count("\n| ") == len(ROWS) + 1  # header + one line per row
     assert "![optimization chart](charts/benchmarks.png)" in markdown
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The staff dashboard reads the run from the JSON beside the markdown.
+    written = json.loads(out.with_suffix(".json").read_text())
+    assert written["rows"] == rows and written["chart"] == "charts/benchmarks.png"
+    assert written["command"] and written["measured_at"]

@@ -196,6 +196,43 @@ async def test_binary_frames_get_an_error_frame(alice) -> None:
         await ws.disconnect()
 
 
+@pytest.mark.parametrize(
+    ("browser", "empty", "regenerate"),
+    [
+        ({}, "content must not be empty", "this conversation has no answer to regenerate"),
+        ({"accept_language": "zh-CN,zh;q=0.9"}, "消息内容不能为空", "此对话中没有可重新生成的回答"),
+        (
+            {"accept_language": "zh-CN", "cookies": {"django_language": "en"}},
+            "content must not be empty",
+            "this conversation has no answer to regenerate",
+        ),
+        ({"cookies": {"django_language": "zh-hans"}}, "消息内容不能为空", None),
+    ],
+    ids=["default", "accept-language", "switched-to-english", "switched-to-chinese"],
+)
+async def test_errors_a_user_can_meet_come_in_the_language_of_their_page(
+    alice, browser, empty, regenerate
+) -> None:
+    conversation = await sync_to_async(Conversation.objects.create)(owner=alice)
+    ws = await communicator("/ws/chat/", alice, **browser)
+    assert (await ws.connect())[0]
+    try:
+        await ws.send_json_to({"type": "message", "content": "   "})
+        frame = await ws.receive_json_from(timeout=TIMEOUT_S)
+        assert (frame["code"], frame["message"]) == ("invalid", empty)
+        if regenerate:
+            await ws.send_json_to({"type": "regenerate", "conversation": conversation.pk})
+            frames = await frames_until(ws, "error")
+            assert frames[-1]["message"] == regenerate
+        # A broken client's protocol errors stay English, as docs/chat-protocol.md writes them.
+        await ws.send_to(text_data="[1]")
+        assert (await ws.receive_json_from(timeout=TIMEOUT_S))["message"] == (
+            "frames must be JSON objects"
+        )
+    finally:
+        await ws.disconnect()
+
+
 async def test_another_users_conversation_gets_not_found_and_is_not_changed(
     served_engine, quick_profile, alice, bob
 ) -> None:

@@ -67,12 +67,28 @@ def test_messages_serialise_to_the_protocol_shape():
         "cached_tokens": 80,
         "prompt_cache_hit_tokens": 80,
         "prompt_cache_miss_tokens": 20,
+        "reused_tokens": 0,
         "completion_tokens": 7,
         "total_s": None,
         "model": "m",
         "backend": "",
         "route": "",
     }
+
+
+def test_prompt_tokens_from_reused_passages_are_neither_cache_hits_nor_misses():
+    conversation = Conversation.objects.create(owner=User.objects.create_user("alice"))
+    answer = Message.objects.create(
+        conversation=conversation,
+        role="assistant",
+        content="a",
+        prompt_tokens=1000,
+        cached_tokens=300,
+        reused_tokens=550,
+    )
+    stats = answer.as_json()["stats"]
+    assert stats["prompt_cache_hit_tokens"] == 300 and stats["reused_tokens"] == 550
+    assert stats["prompt_cache_miss_tokens"] == 150
 
 
 @pytest.mark.parametrize(

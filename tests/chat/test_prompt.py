@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime
 
-from chat.prompt import source_json, user_turn_text
+from chat.prompt import source_json, user_turn_layout, user_turn_text
 from retrieval.search import SearchHit
 
 
@@ -53,7 +53,7 @@ def test_without_passages_the_turn_is_the_question_after_todays_facts():
     assert text == "Today is Sunday, November 29, 2026. I am Bob.\n\nHi"
 
 
-def test_a_source_links_to_its_chunk_in_the_document_page():
+def test_a_source_links_to_its_chunk_marked_in_the_document_page():
     source = source_json(2, hit(8, "Trains.", page=4, score=0.123456))
     assert source == {
         "n": 2,
@@ -65,6 +65,21 @@ def test_a_source_links_to_its_chunk_in_the_document_page():
         "heading_path": [],
         "snippet": "Trains.",
         "score": 0.1235,
-        "url": "/documents/3/#chunk-8",
+        "url": "/documents/3/?chunk=8#chunk-8",
         "quoted_earlier": False,
     }
+
+
+def test_the_layout_gives_the_character_range_of_each_passage_quoted_in_full():
+    hits = [
+        hit(7, "  Thirty days.  ", heading_path=["Leave"]),
+        hit(8, "Trains."),
+        hit(9, "Hotels."),
+    ]
+    text, spans = user_turn_layout(
+        "How long is leave?", hits, user_name="Alice", today=TODAY, quoted_earlier={8}
+    )
+    assert text == user_turn_text(
+        "How long is leave?", hits, user_name="Alice", today=TODAY, quoted_earlier={8}
+    )
+    assert [text[start:end] for start, end in spans] == ["Thirty days.", "Hotels."]

@@ -24,6 +24,7 @@ from chat.errors import ChatError
 from chat.events import TokenDelta, TurnDone, TurnStarted
 from chat.models import Message
 from chat.turn import TurnRequest, run_turn
+from inference.model_files import DEFAULT_EMBEDDING_MODEL
 from tests.polling import wait_until
 from tests.remote_cachet import backend_for, remote_metric
 
@@ -170,7 +171,7 @@ async def test_the_api_lists_and_serves_the_remote_model_with_its_usage(
     models = (await client.get("/v1/models", headers=auth)).json()
     assert "data" in models, models
     listed = [model["id"] for model in models["data"]]
-    assert listed == ["smollm2-135m-instruct", remote_cachet.model, "auto", "all-MiniLM-L6-v2"]
+    assert listed == ["smollm2-135m-instruct", remote_cachet.model, "auto", DEFAULT_EMBEDDING_MODEL]
 
     system = {"role": "system", "content": "Be terse. " * 30}
     body = {

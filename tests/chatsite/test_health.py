@@ -16,6 +16,8 @@ COMPONENTS = {
     "chat_model",
     "engine",
     "embedding_model",
+    "search_index",
+    "lexical_store",
     "remote_backends",
 }
 

@@ -97,6 +97,11 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_EMBEDDING_MODEL": "bad id!"},
             "CACHET_EMBEDDING_MODEL:",
         ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_EMBEDDING_MODEL": "e5-large"},
+            "CACHET_EMBEDDING_MODEL: no model named 'e5-large' in the catalogue "
+            "(all-MiniLM-L6-v2, multilingual-e5-small)",
+        ),
         ({"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_ALLOWED_HOSTS": ","}, "CACHET_ALLOWED_HOSTS:"),
         (
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_CACHE_ISOLATION": "tenant"},
@@ -113,6 +118,14 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
         (
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_KV_CACHE_MB": "0"},
             "CACHET_KV_CACHE_MB: must be at least 1; got 0",
+        ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_LEXICAL_STORE": "lucene"},
+            "CACHET_LEXICAL_STORE: expected auto, bm25s or postgresql; got 'lucene'",
+        ),
+        (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_LEXICAL_STORE": "postgresql"},
+            "CACHET_LEXICAL_STORE: postgresql needs a PostgreSQL DATABASE_URL; this is SQLite",
         ),
     ],
 )
@@ -193,3 +206,33 @@ def test_the_documented_production_settings_pass_the_deploy_checks(tmp_path: Pat
         "WARNING",
     )  # fmt: skip
     assert without_https.returncode != 0  # the checks do notice what HTTPS settings bring
+
+
+DISK_TIER_PROBE = (
+    "import json, django; from django.conf import settings; django.setup(); "
+    "from pathlib import Path; from inference.models import ModelConfig; "
+    "config = ModelConfig(name='probe').engine_config(Path('.')); "
+    "print(json.dumps([str(config.kv_disk_cache_dir), config.kv_disk_cache_mb]))"
+)
+
+
+@pytest.mark.parametrize(
+    ("variables", "expected_dir", "expected_mb"),
+    [
+        ({}, "{data}/kv-cache", 4096),
+        ({"CACHET_KV_DISK_CACHE_DIR": "off"}, "None", 4096),
+        ({"CACHET_KV_DISK_CACHE_DIR": "{data}/elsewhere", "CACHET_KV_DISK_CACHE_MB": "64"},
+         "{data}/elsewhere", 64),
+    ],
+)  # fmt: skip
+def test_the_kv_disk_tier_is_on_in_the_data_dir_unless_turned_off(
+    tmp_path: Path, variables: dict[str, str], expected_dir: str, expected_mb: int
+) -> None:
+    data = str(tmp_path.resolve())
+    environment = {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_DATA_DIR": data}
+    environment |= {name: value.format(data=data) for name, value in variables.items()}
+    result = run_with(environment, "-c", DISK_TIER_PROBE)
+    assert result.returncode == 0, result.stderr
+    disk_dir, disk_mb = json.loads(result.stdout.strip().splitlines()[-1])
+    assert disk_dir == expected_dir.format(data=data)
+    assert disk_mb == expected_mb

@@ -10,17 +10,14 @@ installed.
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 import shutil
-import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from harness import CLOSED, ChatSocket, LiveServer
+from harness.celery_worker import start_worker, stop_worker
 from harness.live_server import REPO_DIR
 
 SETUP = """
@@ -50,25 +47,6 @@ def redis_url(settings) -> str:
     if not settings.REDIS_URL:
         pytest.skip("runs in the integration pass (REDIS_URL=redis://...)")
     return f"{settings.REDIS_URL.rsplit('/', 1)[0]}/{REDIS_DB}"
-
-
-def start_worker(env: dict[str, str], log_path: Path) -> subprocess.Popen:
-    with log_path.open("ab") as log:  # NOTE: a file: a full pipe would stall the worker
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "chatsite", "worker", "--pool", "solo",
-             "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
-            cwd=REPO_DIR, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-
-def stop_worker(worker: subprocess.Popen) -> None:
-    if worker.poll() is None:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
 
 
 def send_ingest(broker_url: str, document_id: int) -> None:

@@ -8,6 +8,8 @@ and drafts whose vocabulary differs from the target's, refused at load.
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from inference.engine import kernels as native_kernels
@@ -49,12 +51,22 @@ def make_fake_engine(runner, draft_runner=None, **config) -> Engine:
     )
 
 
-def is_idle(engine: Engine) -> bool:
-    """Neither the target's nor the draft's KV cache holds a block for anyone."""
-    snapshot = engine.metrics.snapshot()
-    draft = engine.core.draft_proposer
-    is_draft_idle = draft is None or (draft.kv_usage == 0 and not draft.states)
-    return snapshot["kv_usage"] == 0 and snapshot["num_running"] == 0 and is_draft_idle
+def is_idle(engine: Engine, timeout_s: float = 5.0) -> bool:
+    """Neither the target's nor the draft's KV cache holds a block for anyone.
+
+    NOTE: a request's result reaches its caller inside the step that finished it, before the
+    engine records that step's metrics, so the gauges may lag by one loop iteration: polled.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        snapshot = engine.metrics.snapshot()
+        draft = engine.core.draft_proposer
+        is_draft_idle = draft is None or (draft.kv_usage == 0 and not draft.states)
+        if snapshot["kv_usage"] == 0 and snapshot["num_running"] == 0 and is_draft_idle:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
 
 
 def varied_prompt(seed: int) -> list[int]:

@@ -1,13 +1,15 @@
-"""frontend.views: the chat page, a document's text, log-in and log-out."""
+"""frontend.views: the chat page, log-in and log-out, the JavaScript catalog (a document's page:
+test_documents.py)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
 from chat.models import Conversation
-from retrieval.models import Chunk, Collection, Document
 
 pytestmark = pytest.mark.django_db
 
@@ -58,17 +60,25 @@ def test_a_conversation_page_opens_only_for_its_owner(alice):
     assert client.get("/c/987654/").status_code == 404
 
 
-def test_a_document_page_shows_its_chunks_to_readers_only(alice):
-    collection = Collection.objects.create(name="HR")
-    document = Document.objects.create(collection=collection, title="handbook.md", file="x.md")
-    chunk = Chunk.objects.create(
-        document=document, ordinal=0, text="<b>Thirty</b> days", token_count=3,
-        char_start=0, char_end=18,
-    )  # fmt: skip
+def test_the_chat_page_loads_the_javascript_catalog_of_its_language_before_its_modules(alice):
     client = logged_in(alice)
-    assert client.get(f"/documents/{document.pk}/").status_code == 404
-    collection.readers.add(alice)
-    response = client.get(f"/documents/{document.pk}/")
-    assert response.status_code == 200
-    assert f'id="chunk-{chunk.pk}"'.encode() in response.content
-    assert b"&lt;b&gt;Thirty&lt;/b&gt; days" in response.content  # escaped, never markup
+    for accept_language, language in (("en-US", "en"), ("zh-CN,zh;q=0.9", "zh-hans")):
+        page = client.get("/", headers={"accept-language": accept_language}).content.decode()
+        catalog = re.search(rf'<script src="(/jsi18n/{language}/\?v=[0-9a-f]{{12}})" defer>', page)
+        assert catalog, f"no {language} catalog on the page"
+        assert page.index(catalog[0]) < page.index('<script type="module"')
+        assert client.get(catalog[1]).status_code == 200
+
+
+def test_the_javascript_catalog_is_the_languages_in_its_url_and_cached_for_good(client):
+    chinese = client.get("/jsi18n/zh-hans/", headers={"accept-language": "en"})
+    assert chinese.status_code == 200
+    assert chinese["Content-Type"].startswith("text/javascript")
+    assert chinese["Content-Language"] == "zh-hans"
+    assert "max-age=31536000" in chinese["Cache-Control"]
+    assert "immutable" in chinese["Cache-Control"]
+    body = chinese.content.decode()
+    assert '"\\u9996\\u5b57\\u5ef6\\u8fdf' in body or "首字延迟" in body  # "TTFT" in Chinese
+    english = client.get("/jsi18n/en/", headers={"accept-language": "zh-CN"}).content.decode()
+    assert "首字延迟" not in english and "\\u9996\\u5b57" not in english
+    assert client.get("/jsi18n/fr/").status_code == 404

@@ -44,7 +44,7 @@ def test_the_bundled_gguf_is_prepared_once_as_config_tokenizer_and_a_link(
 @pytest.mark.real_weights
 def test_a_directory_of_the_old_dequantized_layout_is_prepared_again(tmp_path: Path) -> None:
     gguf = model_files.bundled_chat_gguf()
-    target = tmp_path / f"{gguf.stem}-{gguf.stat().st_size}"
+    target = model_files.prepared_directory(gguf, tmp_path)
     target.mkdir()
     (target / "model.safetensors").write_bytes(b"old weights")
     marker = {"gguf": str(gguf.resolve()), "size": gguf.stat().st_size}
@@ -159,4 +159,33 @@ def test_a_hub_id_not_in_the_local_cache_says_so_offline() -> None:
 
 def test_the_bundled_embedding_model_is_found_in_its_package(embedding_model_dir: Path) -> None:
     assert (embedding_model_dir / "modules.json").is_file()
-    assert resolve_embedding_model(None).action == "packaged"
+    minilm = resolve_embedding_model("all-MiniLM-L6-v2")
+    assert (minilm.directory, minilm.action) == (embedding_model_dir, "packaged")
+    default = resolve_embedding_model(None)
+    assert (default.source, default.action) == (model_files.DEFAULT_EMBEDDING_MODEL, "packaged")
+
+
+def test_multilingual_e5_is_found_by_name_and_as_a_directory_holding_its_file(
+    tmp_path: Path,
+) -> None:
+    packaged = resolve_embedding_model("multilingual-e5-small")
+    assert (packaged.source, packaged.action) == ("multilingual-e5-small", "packaged")
+    assert model_files.holds_e5s1_weights(packaged.directory)
+    copy = tmp_path / "e5"
+    copy.mkdir()
+    (copy / model_files.E5S1_WEIGHTS_FILE).symlink_to(
+        packaged.directory / model_files.E5S1_WEIGHTS_FILE
+    )
+    local = resolve_embedding_model(str(copy))
+    assert (local.directory, local.action) == (copy.resolve(), "local")
+
+
+def test_one_model_installed_in_two_places_is_prepared_in_two_directories(tmp_path: Path) -> None:
+    first, second = tmp_path / "venv-a" / "model.gguf", tmp_path / "venv-b" / "model.gguf"
+    for path in (first, second):
+        path.parent.mkdir()
+        path.write_bytes(b"GGUF same bytes")
+    models_dir = tmp_path / "models"
+    one, other = (model_files.prepared_directory(p, models_dir) for p in (first, second))
+    assert one != other and one.parent == other.parent == models_dir
+    assert one == model_files.prepared_directory(first, models_dir)  # stable for a location

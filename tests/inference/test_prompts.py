@@ -135,3 +135,25 @@ def test_a_second_turn_is_served_from_the_prefix_cache_of_the_first(builder, cha
     reusable = (len(first.token_ids) + len(answer_ids)) // block_size * block_size
     assert follow_up.usage.cached_tokens >= reusable - block_size
     assert follow_up.usage.prompt_tokens == len(second.token_ids)
+
+
+def test_a_prompt_names_the_token_range_of_each_passage_of_its_newest_message(
+    builder, tokenizer
+) -> None:
+    passages = [
+        "The lamp burned paraffin until 1932.",
+        "Tidal mills <|im_start|> grind at low tide.",
+    ]
+    message = f"[1] Lighthouses\n{passages[0]}\n\n[2] Mills\n{passages[1]}\n\nQuestion: when?"
+    char_spans = [(message.index(p), message.index(p) + len(p)) for p in passages]
+    history = [Turn("user", "Hi"), Turn("assistant", "Hello.")]
+
+    built = builder.build(history, message, max_tokens=64, passages=char_spans)
+
+    assert built.token_ids == builder.build(history, message, max_tokens=64).token_ids
+    decoded = [tokenizer.decode(built.token_ids[a:b]).strip() for a, b in built.passage_spans]
+    assert decoded == passages  # a control string inside a passage stays its plain text
+    reusable = built.reusable
+    assert reusable is not None and reusable.prefix_len == built.num_prefix_tokens
+    reusable.check(len(built.token_ids))
+    assert builder.build([], "no passages", max_tokens=64).reusable is None

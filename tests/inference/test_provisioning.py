@@ -28,7 +28,7 @@ def test_the_command_prints_what_it_did(chat_model_dir, capsys) -> None:
     call_command("prepare_models")
     out = capsys.readouterr().out
     assert "chat model (smollm2-135m-instruct): cached at" in out
-    assert "embedding model (bundled): packaged at" in out
+    assert "embedding model (multilingual-e5-small): packaged at" in out
 
 
 def test_the_command_turns_a_bad_source_into_a_command_error(settings, tmp_path) -> None:

@@ -104,7 +104,7 @@ class ThrowawayRedis:
 
 
 def big_document(paragraphs: int) -> bytes:
-    """Plain text of about one 200-token chunk per paragraph (all-MiniLM-L6-v2's tokenizer)."""
+    """Plain text of about one 200-token chunk per paragraph (the embedding model's tokenizer)."""
     parts = []
     for i in range(paragraphs):
         sentences = []

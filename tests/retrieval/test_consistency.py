@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import retrieval.search as search_module
-from retrieval.consistency import rebuild_index, repair_index
+from retrieval.consistency import _embed_in_batches, rebuild_index, rebuild_progress, repair_index
 from retrieval.ingest import ingest
 from retrieval.models import Chunk, Collection
 from tests.documents import HANDBOOK, KITCHEN, add_document
@@ -49,7 +49,7 @@ def test_a_corrupt_index_file_is_moved_aside_and_rebuilt_at_start_up(retriever) 
     path.write_bytes(path.read_bytes()[:100])  # truncated, as by a full disk
     fresh = restart()
     assert fresh.vectors.ids() == ids
-    assert list(path.parent.glob(f"{path.name}.unreadable-*"))
+    assert list(path.parent.glob(f"{path.name}.unusable-*"))
     hits = search_module.search("paid holiday", top_k=1, mode="dense")
     assert hits[0].document_title == "handbook.md"
 
@@ -71,7 +71,52 @@ def test_damaged_vector_data_is_found_at_start_up_and_rebuilt(retriever) -> None
     path.write_bytes(bytes(data))
     fresh = restart()
     assert fresh.vectors.ids() == ids
-    assert list(path.parent.glob(f"{path.name}.unreadable-*"))
+    assert list(path.parent.glob(f"{path.name}.unusable-*"))
     fresh.vectors.verify()
     after = [hit.chunk_id for hit in search_module.search("paid holiday", top_k=3, mode="dense")]
     assert after == before
+
+
+def test_switching_the_embedding_model_re_embeds_every_chunk_at_start_up(
+    retriever, settings
+) -> None:
+    settings.CACHET_EMBEDDING_MODEL = "all-MiniLM-L6-v2"
+    retriever = restart()
+    ids = ingest_two(retriever)
+    path = retriever.vectors.path
+    assert retriever.vectors.recorded_model() == "all-MiniLM-L6-v2"
+    # MiniLM's vectors: a Chinese question about paid holiday misses the English passage.
+    hits = search_module.search("带薪假期有多少天?", top_k=1, mode="dense")
+    assert "paid holiday" not in hits[0].text
+    settings.CACHET_EMBEDDING_MODEL = "multilingual-e5-small"  # both make 384-d vectors
+    fresh = restart()
+    assert fresh.embedder.model_id == "multilingual-e5-small"
+    assert fresh.vectors.recorded_model() == "multilingual-e5-small"
+    assert fresh.vectors.ids() == ids and fresh.dense_ready
+    assert list(path.parent.glob(f"{path.name}.unusable-*"))
+    # The re-embedded vectors are e5's: the Chinese question now finds the English passage.
+    hits = search_module.search("带薪假期有多少天?", top_k=1, mode="dense")
+    assert "paid holiday" in hits[0].text
+
+
+def test_a_rebuild_reports_its_progress_while_it_runs(retriever) -> None:
+    ids = sorted(ingest_two(retriever))
+    batches = _embed_in_batches(retriever, ids)
+    assert rebuild_progress() is None
+    first_ids, vectors = next(batches)
+    running = rebuild_progress()
+    assert running is not None
+    assert (running.num_embedded, running.num_chunks) == (0, len(ids))
+    assert running.embedding_model == retriever.embedder.model_id
+    assert f"of {len(ids)} chunks with {retriever.embedder.model_id}" in running.describe()
+    assert first_ids == ids and len(vectors) == len(ids)
+    assert list(batches) == []
+    assert rebuild_progress() is None
+
+
+def test_while_the_index_is_rebuilt_searches_rank_by_bm25_alone(retriever) -> None:
+    ingest_two(retriever)
+    retriever.dense_ready = False
+    candidates = retriever.candidates("paid holiday", "hybrid", None)
+    assert candidates and all(c.dense_score is None for c in candidates)
+    assert all(c.lexical_score is not None for c in candidates)

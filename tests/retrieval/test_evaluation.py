@@ -103,6 +103,37 @@ def test_eval_retrieval_prints_every_mode_and_cleans_up(retriever, tmp_path) -> 
 
 
 @pytest.mark.django_db
+def test_eval_retrieval_measures_the_embedding_model_it_is_given(retriever, tmp_path) -> None:
+    out = StringIO()
+    beir = str(write_beir(tmp_path / "set"))
+    options = ["--reranker=none", "--embedding-model=multilingual-e5-small"]
+    call_command("eval_retrieval", beir, *options, stdout=out)
+    result = json.loads(out.getvalue())
+    assert result["embedding_model"] == "multilingual-e5-small"
+    assert result["dense"]["recall1"] == 1.0
+    with pytest.raises(CommandError, match="no such model"):
+        call_command("eval_retrieval", beir, "--embedding-model=./nowhere")
+
+
+@pytest.mark.django_db
+def test_eval_retrieval_scores_the_modes_and_lexical_stores_it_is_asked_for(
+    retriever, tmp_path
+) -> None:
+    out = StringIO()
+    beir = str(write_beir(tmp_path / "set"))
+    call_command("eval_retrieval", beir, "--modes=bm25", "--lexical-store=bm25s", stdout=out)
+    result = json.loads(out.getvalue())
+    assert set(result["by_lexical_store"]) == {"bm25s"}
+    assert set(result["by_lexical_store"]["bm25s"]) == {"bm25"}
+    assert result["by_lexical_store"]["bm25s"]["bm25"]["recall1"] == 1.0
+    assert result["num_chunks"] == 4 and not Chunk.objects.exists()
+    with pytest.raises(CommandError, match="--modes: expected some of bm25, dense"):
+        call_command("eval_retrieval", beir, "--modes=bm25,sparse")
+    with pytest.raises(CommandError, match="--lexical-store: .*needs a PostgreSQL database"):
+        call_command("eval_retrieval", beir, "--lexical-store=bm25s,postgresql")
+
+
+@pytest.mark.django_db
 def test_eval_retrieval_refuses_a_directory_that_is_not_a_beir_set(tmp_path) -> None:
     with pytest.raises(CommandError, match="not a BEIR-layout set"):
         call_command("eval_retrieval", str(tmp_path))

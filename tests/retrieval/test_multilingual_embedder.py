@@ -147,3 +147,11 @@ def test_a_file_that_is_not_an_e5s1_model_is_refused(tmp_path) -> None:
     path.write_bytes(b"GGUF" + bytes(64))
     with pytest.raises(E5S1FormatError, match="not an E5S1"):
         E5S1File(path)
+
+
+def test_emoji_unknown_scripts_and_mixed_text_embed_as_unit_vectors(embedder) -> None:
+    texts = ["🚀🔥", "ทดสอบภาษาไทย", "KV缓存命中率 0.88 with --enable-prefix-caching", "", "\u200b"]
+    vectors = embedder.encode(texts, kind="query")
+    assert vectors.shape == (len(texts), 384)
+    assert np.isfinite(vectors).all()
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)

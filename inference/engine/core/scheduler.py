@@ -26,7 +26,9 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
-from inference.engine.core.block_manager import BlockManager
+from inference.engine.core.block_manager import Block, BlockManager
+from inference.engine.core.chunk_reuse import plan_blend, release
+from inference.engine.core.reusable_spans import BlendPlan
 from inference.engine.core.sequence import FinishReason, Sequence, SequenceStatus
 
 logger = logging.getLogger(__name__)
@@ -51,11 +53,22 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(
-        self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        chunk_reuse_recompute_tokens: int | None = None,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        # Chunk-KV reuse (core/chunk_reuse.py): None = off; else the tokens recomputed at the
+        # start of every reused passage.
+        self.chunk_reuse_recompute_tokens = chunk_reuse_recompute_tokens
+        # Passages (standalone token lists) a blend found no keys/values for: the engine core
+        # computes them on their own after this step (`take_missing_passages`).
+        self.missing_passages: list[tuple[list[int], str | None]] = []
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.requests: dict[str, Sequence] = {}
@@ -115,9 +128,26 @@ class Scheduler:
             if seq.num_computed_tokens == 0:
                 computed_blocks = self.block_manager.get_computed_blocks(seq)
             num_cached = len(computed_blocks) * self.block_manager.block_size
-            num_new = min(seq.num_uncomputed_tokens - num_cached, budget)
-            if self.block_manager.allocate_slots(seq, num_new, computed_blocks) is None:
+            num_uncached = seq.num_uncomputed_tokens - num_cached
+            blend = self._plan_blend(seq, computed_blocks, num_cached)
+            if blend is not None and len(blend.query_positions) > budget:
+                # NOTE: a blend runs in one step; admitted now, a chunk would be all this step
+                # could give and the blend would be lost. A later step has the room.
+                release(self.block_manager, blend)
                 break
+            # NOTE: a blend computes only its query positions but needs blocks for the whole
+            # prompt, which its one step fills.
+            num_new = min(num_uncached, budget) if blend is None else num_uncached
+            if self.block_manager.allocate_slots(seq, num_new, computed_blocks) is None:
+                if blend is None:
+                    break
+                # NOTE: the held sources plus the whole prompt's blocks may never fit (nothing
+                # running to free any): a chunked prefill needs neither, so it is that instead.
+                release(self.block_manager, blend)
+                blend = None
+                num_new = min(num_uncached, budget)
+                if self.block_manager.allocate_slots(seq, num_new, computed_blocks) is None:
+                    break
             self.waiting.popleft()
             seq.num_computed_tokens += num_cached
             if seq.first_scheduled_time is None:
@@ -125,11 +155,49 @@ class Scheduler:
                 seq.num_cached_tokens = min(num_cached, seq.num_prompt_tokens)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if blend is not None:
+                seq.blend = blend
+                seq.num_reused_tokens = blend.num_reused_tokens
+                num_new = len(blend.query_positions)
             scheduled[seq] = num_new
             budget -= num_new
 
         self.num_preemptions += num_preempted
         return SchedulerOutput(list(scheduled), list(scheduled.values()), num_preempted)
+
+    def _plan_blend(
+        self, seq: Sequence, computed_blocks: list[Block], num_cached: int
+    ) -> BlendPlan | None:
+        """A blended prefill for `seq` (core/chunk_reuse.py) that fits a step's budget, or
+        None: prefilled as usual. Passages with nothing to reuse are noted for computing."""
+        if (
+            self.chunk_reuse_recompute_tokens is None
+            or seq.reusable is None
+            or seq.num_computed_tokens
+            or seq.num_preemptions  # NOTE: its blocks (blended or not) are in the cache now
+        ):
+            return None
+        # NOTE: held while passages are looked up: reading one from the disk tier takes free
+        # blocks, which must not be the ones this prompt's own prefix hit found.
+        self.block_manager.hold(computed_blocks)
+        try:
+            plan = plan_blend(
+                self.block_manager, seq, num_cached, self.chunk_reuse_recompute_tokens
+            )
+        finally:
+            self.block_manager.release(computed_blocks)
+        if plan is None:
+            return None
+        self.missing_passages.extend((tokens, seq.cache_salt) for tokens in plan.missing)
+        if not plan.runs or len(plan.query_positions) > self.max_num_batched_tokens:
+            release(self.block_manager, plan)
+            return None
+        return plan
+
+    def take_missing_passages(self) -> list[tuple[list[int], str | None]]:
+        """Passages (token lists, cache salt) to compute on their own, taken once."""
+        missing, self.missing_passages = self.missing_passages, []
+        return missing
 
     def update_from_output(self, output: SchedulerOutput) -> list[Sequence]:
         """Advance KV progress after the model ran; return sequences that now need a new token.
@@ -141,7 +209,11 @@ class Scheduler:
         for seq, num_tokens in zip(output.seqs, output.num_scheduled_tokens, strict=True):
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted while the step ran
-            seq.num_computed_tokens += num_tokens - len(seq.draft_token_ids)
+            if seq.blend is not None:  # one step computed the whole prompt
+                seq.blend = None
+                seq.num_computed_tokens = seq.num_tokens
+            else:
+                seq.num_computed_tokens += num_tokens - len(seq.draft_token_ids)
             self.block_manager.cache_full_blocks(seq)
             if seq.num_computed_tokens == seq.num_tokens:
                 needs_token.append(seq)
@@ -166,6 +238,9 @@ class Scheduler:
             self.running.remove(seq)
         else:
             self.waiting.remove(seq)
+        if seq.blend is not None:  # its step never ran
+            release(self.block_manager, seq.blend)
+            seq.blend = None
         self.block_manager.free(seq)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason

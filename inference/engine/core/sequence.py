@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from inference.engine.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from inference.engine.core.reusable_spans import BlendPlan, ReusableSpans
     from inference.engine.grammar import GrammarState
 
 _arrival_counter = itertools.count()
@@ -48,7 +49,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     # NOTE: chained hashes of this sequence's full blocks, computed once and extended as tokens
     # arrive, so the block manager never rehashes a prefix it has already seen.
-    block_hashes: list[int] = field(default_factory=list)
+    block_hashes: list[bytes] = field(default_factory=list)
     # How many leading entries of block_table are registered in (or came from) the prefix cache.
     num_hashed_blocks: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
@@ -65,6 +66,12 @@ class Sequence:
     draft_token_ids: list[int] = field(default_factory=list)
     # Where a structured output's grammar stands (params.structured_output); None: free text.
     grammar: GrammarState | None = None
+    # Passages of the prompt whose keys/values may be reused (core/chunk_reuse.py), and the
+    # blend planned for its first step (None once that step ran).
+    reusable: ReusableSpans | None = None
+    blend: BlendPlan | None = None
+    # Prompt tokens whose keys/values were copied from passages computed on their own.
+    num_reused_tokens: int = 0
 
     def __post_init__(self) -> None:
         self.token_ids = list(self.token_ids)

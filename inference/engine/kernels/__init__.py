@@ -165,6 +165,11 @@ KERNELS = {
 }
 
 
+def has_amx() -> bool:
+    """Whether this CPU has AMX tiles with bf16 (what the AMX matmul needs)."""
+    return set(_AMX_FLAGS) <= cpu_flags()
+
+
 def machine() -> str:
     """The CPU architecture as ISA_LEVELS names it (x86_64, aarch64)."""
     return {"AMD64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())

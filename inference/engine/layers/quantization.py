@@ -103,6 +103,9 @@ class QuantizedLinear(nn.Module):
     dtype: torch.dtype  # the model's
     # the native kernel's call, where the layer keeps its weight in that kernel's layout
     _native_matmul: WeightMatmul | None = None
+    # W^T [in, out] in the model dtype, kept for steps above the kernel's token limit
+    # (`keep_dense_weight`); None: those steps dequantize the weight every time.
+    dense_weight_t: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: the decode fast path of native layers first: one check, then the kernel.
@@ -126,8 +129,35 @@ class QuantizedLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features)
 
+    def keep_dense_weight(self, max_kernel_tokens: int) -> int:
+        """Keep W^T dense (the model dtype) for steps of more than `max_kernel_tokens` tokens
+        (the kernel's limit drops to it); the bytes the copy takes.
+
+        NOTE: such a step then runs one dense GEMM instead of unpacking every weight first;
+        decodes and small batches still read the quantized weight (measured in the README,
+        "Dense prefill weights")."""
+        weight_t = torch.empty(self.in_features, self.out_features, dtype=self.dtype)
+        for start, end in self._row_chunks():
+            weight_t[:, start:end] = self.dequantize_rows_transposed(start, end, self.dtype)
+        self.dense_weight_t = weight_t
+        self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
+        return weight_t.numel() * weight_t.element_size()
+
+    def _row_chunks(self) -> list[tuple[int, int]]:
+        """Row ranges to dequantize at a time (multiples of the int4 row block)."""
+        rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
+        rows -= rows % INT4_ROW_BLOCK
+        return [
+            (start, min(start + rows, self.out_features))
+            for start in range(0, self.out_features, rows)
+        ]
+
     def dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
-        """The plain PyTorch path: dequantize row chunks of W and run the dense GEMM."""
+        """The plain PyTorch path: dequantize row chunks of W and run the dense GEMM (or the GEMM
+        alone on the dense copy, `keep_dense_weight`)."""
+        dense = self.dense_weight_t
+        if dense is not None and dense.dtype == x.dtype and dense.device == x.device:
+            return torch.matmul(x, dense)
         rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
         rows -= rows % INT4_ROW_BLOCK
         if rows >= self.out_features:
@@ -642,6 +672,20 @@ def weight_formats(model: nn.Module) -> dict[str, int]:
             seen.add(id(module))
             counts[name] = counts.get(name, 0) + 1
     return counts
+
+
+def dense_weight_layers(model: nn.Module, skip: tuple[object, ...] = ()) -> list[QuantizedLinear]:
+    """The quantized linear layers of `model` a dense copy would serve (all but `skip`)."""
+    return [
+        module
+        for module in model.modules()
+        if isinstance(module, QuantizedLinear) and not any(module is m for m in skip)
+    ]
+
+
+def keep_dense_weights(layers: list[QuantizedLinear], max_kernel_tokens: int) -> int:
+    """`keep_dense_weight` on each of `layers`; the bytes the dense copies take."""
+    return sum(layer.keep_dense_weight(max_kernel_tokens) for layer in layers)
 
 
 def model_weight_bytes(model: nn.Module) -> int:

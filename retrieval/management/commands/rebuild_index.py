@@ -1,4 +1,5 @@
-"""`manage.py rebuild_index`: re-embed every ready chunk into a fresh faiss index."""
+"""`manage.py rebuild_index`: re-embed every ready chunk into the vector store (a fresh faiss
+index, or the pgvector column, in one transaction)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from retrieval.search import get_retriever
 
 
 class Command(BaseCommand):
-    help = "Rebuild the vector index from the chunks in the database."
+    help = "Re-embed every ready chunk into the vector store (faiss or pgvector)."
 
     def handle(self, *args: Any, **options: Any) -> None:
         count = rebuild_index(get_retriever())

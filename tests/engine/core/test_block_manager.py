@@ -1,10 +1,16 @@
-"""BlockManager: paged allocation, chained-hash prefix cache, LRU reuse, ref counts."""
+"""BlockManager: paged allocation, chained-hash prefix cache, LRU reuse, ref counts; the hashes
+themselves (SHA-256, the same in every process)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
+import subprocess
+import sys
+
 import pytest
 
-from inference.engine.core.block_manager import BlockManager
+from inference.engine.core.block_manager import BlockManager, hash_blocks, root_hash
 from inference.engine.core.sampling_params import SamplingParams
 from inference.engine.core.sequence import Sequence
 
@@ -84,7 +90,7 @@ def test_a_hash_hit_with_different_tokens_is_a_miss():
     manager = BlockManager(8, BLOCK_SIZE)
     run_prefill(manager, make_seq(range(5)))
     block = next(iter(manager.hash_to_block.values()))
-    block.block_key = (None, None, (9, 9, 9, 9))  # as if another prefix collided on the hash
+    block.block_key = (root_hash(None), (9, 9, 9, 9))  # as if another prefix collided on the hash
     assert manager.get_computed_blocks(make_seq(range(5))) == []
 
 
@@ -167,3 +173,48 @@ def test_reset_prefix_cache_forgets_every_prefix():
 def test_a_pool_without_blocks_is_rejected():
     with pytest.raises(ValueError, match="at least one block"):
         BlockManager(0, BLOCK_SIZE)
+
+
+def test_block_hashes_are_sha256_of_the_parent_hash_and_the_token_ids_as_little_endian_ints():
+    parent = root_hash("tenant-a")
+    first = hashlib.sha256(parent + b"".join(t.to_bytes(4, "little") for t in (1, 2, 3, 4)))
+    second = hashlib.sha256(first.digest() + bytes.fromhex("05000000060000000700000008000000"))
+    # The partial last block has no hash.
+    assert hash_blocks(parent, [1, 2, 3, 4, 5, 6, 7, 8, 9], BLOCK_SIZE) == [
+        first.digest(),
+        second.digest(),
+    ]
+    assert root_hash(None) != root_hash("") != root_hash("tenant-a")
+
+
+def test_a_sequence_extends_its_hashes_as_blocks_fill_without_rehashing_its_prefix():
+    manager = BlockManager(8, BLOCK_SIZE)
+    seq = make_seq(range(6), cache_salt="s")
+    run_prefill(manager, seq)
+    assert seq.block_hashes == hash_blocks(root_hash("s"), list(range(4)), BLOCK_SIZE)
+    seq.token_ids += [6, 7, 8]
+    seq.num_computed_tokens = 9
+    manager.cache_full_blocks(seq)
+    assert seq.block_hashes == hash_blocks(root_hash("s"), list(range(9)), BLOCK_SIZE)
+
+
+HASHES_IN_A_CHILD = """
+from inference.engine.core.block_manager import BlockManager
+from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.core.sequence import Sequence
+seq = Sequence("r", list(range(40)), SamplingParams(), cache_salt="user:7")
+BlockManager(16, 4).get_computed_blocks(seq)
+print(",".join(h.hex() for h in seq.block_hashes))
+"""
+
+
+def test_the_same_prefix_has_the_same_block_hashes_in_processes_of_other_hash_seeds():
+    def hashes_with_seed(seed: str) -> str:
+        env = os.environ | {"PYTHONHASHSEED": seed}
+        child = [sys.executable, "-c", HASHES_IN_A_CHILD]
+        return subprocess.run(child, env=env, capture_output=True, text=True, check=True).stdout
+
+    seq = make_seq(range(40), cache_salt="user:7")
+    BlockManager(16, 4).get_computed_blocks(seq)
+    here = ",".join(h.hex() for h in seq.block_hashes)
+    assert hashes_with_seed("1").strip() == hashes_with_seed("2").strip() == here

@@ -1,6 +1,7 @@
 /* The JSON API under config.api_root: fetch with the CSRF token, errors as ApiError. */
 
 import { config } from "./config.js";
+import { gettext, interpolate } from "./i18n.js";
 import { state } from "./state.js";
 
 export class ApiError extends Error {
@@ -42,12 +43,13 @@ async function errorFrom(response) {
     /* not JSON: a proxy page or a server error */
   }
   if (!message) {
+    const status = { status: response.status };
     message =
       response.status === 413
-        ? "The file is too large."
+        ? gettext("The file is too large.")
         : response.status >= 500
-          ? "The server had a problem (" + response.status + "). Please try again."
-          : "The request failed (" + response.status + ").";
+          ? interpolate(gettext("The server had a problem (%(status)s). Please try again."), status)
+          : interpolate(gettext("The request failed (%(status)s)."), status);
   }
   return new ApiError(response.status, code, message);
 }
@@ -64,21 +66,21 @@ export async function api(method, path, body) {
   try {
     response = await fetch(config.api_root + path, init);
   } catch (error) {
-    throw new ApiError(0, "network", "Could not reach the server. Check your connection.");
+    throw new ApiError(0, "network", gettext("Could not reach the server. Check your connection."));
   }
   if (response.redirected && new URL(response.url).pathname.startsWith("/login")) {
     goToLogin();
-    throw new ApiError(401, "unauthenticated", "Your session has ended; please log in again.");
+    throw new ApiError(401, "unauthenticated", gettext("Your session has ended; please log in again."));
   }
   if (response.status === 401) {
     goToLogin();
-    throw new ApiError(401, "unauthenticated", "Your session has ended; please log in again.");
+    throw new ApiError(401, "unauthenticated", gettext("Your session has ended; please log in again."));
   }
   if (!response.ok) throw await errorFrom(response);
   if (response.status === 204) return null;
   try {
     return await response.json();
   } catch (error) {
-    throw new ApiError(response.status, "bad_response", "The server sent an unreadable answer.");
+    throw new ApiError(response.status, "bad_response", gettext("The server sent an unreadable answer."));
   }
 }

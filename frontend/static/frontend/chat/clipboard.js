@@ -1,6 +1,7 @@
 /* Copy to the clipboard, with a fallback where the Clipboard API is missing (plain http). */
 
 import { el } from "./dom.js";
+import { gettext } from "./i18n.js";
 
 export async function copyText(text) {
   if (navigator.clipboard && window.isSecureContext) {
@@ -31,7 +32,7 @@ export async function copyText(text) {
 export function flashCopied(button, ok) {
   const label = button.querySelector(".label") || button;
   if (!button.dataset.label) button.dataset.label = label.textContent;
-  label.textContent = ok ? "Copied" : "Copy failed";
+  label.textContent = ok ? gettext("Copied") : gettext("Copy failed");
   button.classList.toggle("copied", ok);
   clearTimeout(button._copyTimer);
   button._copyTimer = setTimeout(() => {

@@ -14,6 +14,7 @@ import {
   sendButton,
   stopButton,
 } from "./dom.js";
+import { formatNumber, gettext } from "./i18n.js";
 import { closeSidebar, isSidebarOpen } from "./sidebar.js";
 import { wsSend } from "./socket.js";
 import { state } from "./state.js";
@@ -35,12 +36,14 @@ export function updateComposer() {
   stopButton.hidden = !running;
   sendButton.disabled = !state.wsOpen || running || empty || over;
   if (!state.wsOpen) {
-    composerHint.textContent = state.everConnected ? "Not connected: reconnecting… (what you type is kept)" : "Connecting…";
+    composerHint.textContent = state.everConnected
+      ? gettext("Not connected: reconnecting… (what you type is kept)")
+      : gettext("Connecting…");
     composerHint.classList.add("warn");
     composerHint.style.display = "inline";
-    sendButton.title = "Not connected";
+    sendButton.title = gettext("Not connected");
   } else if (running) {
-    composerHint.textContent = "Answering… press Esc to stop";
+    composerHint.textContent = gettext("Answering… press Esc to stop");
     composerHint.classList.remove("warn");
     composerHint.style.display = "";
     sendButton.title = "";
@@ -51,10 +54,10 @@ export function updateComposer() {
     sendButton.title = "";
   }
   if (isFinite(maxChars) && length >= maxChars * 0.8) {
-    charCounter.textContent = length.toLocaleString() + " / " + maxChars.toLocaleString();
+    charCounter.textContent = formatNumber(length) + " / " + formatNumber(maxChars);
     charCounter.classList.toggle("warn", length >= maxChars * 0.9 && !over);
     charCounter.classList.toggle("over", over || length >= maxChars);
-    charCounter.title = over ? "Too long: shorten the message" : "";
+    charCounter.title = over ? gettext("Too long: shorten the message") : "";
   } else {
     charCounter.textContent = "";
     charCounter.className = "char-counter";

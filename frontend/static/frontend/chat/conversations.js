@@ -18,6 +18,7 @@ import {
   newChatPanel,
   titleEl,
 } from "./dom.js";
+import { formatDateTime, gettext, interpolate } from "./i18n.js";
 import { lastAssistant, renderMessages, updateRegenerateButtons } from "./messages.js";
 import { followNewText, scrollToBottom } from "./scrolling.js";
 import { closeSidebar } from "./sidebar.js";
@@ -52,19 +53,37 @@ function renderConversationList() {
   if (renamingId !== null) return; // re-rendered when the rename ends
   const fragment = document.createDocumentFragment();
   for (const conv of conversations) {
-    const title = conv.title || "New chat";
+    const title = conv.title || gettext("New chat");
     const link = el("a", {
       class: "conversation-link",
       href: "/c/" + conv.id + "/",
       text: title,
-      title: title + (conv.updated_at ? "\n" + new Date(conv.updated_at).toLocaleString() : ""),
+      title: title + (conv.updated_at ? "\n" + formatDateTime(conv.updated_at) : ""),
       "aria-current": conv.id === state.currentId ? "page" : null,
     });
     const actions = el(
       "div",
       { class: "conversation-actions" },
-      el("button", { type: "button", class: "icon-button rename-button", "aria-label": "Rename “" + title + "”", title: "Rename" }, icon("pencil")),
-      el("button", { type: "button", class: "icon-button delete-button", "aria-label": "Delete “" + title + "”", title: "Delete" }, icon("trash"))
+      el(
+        "button",
+        {
+          type: "button",
+          class: "icon-button rename-button",
+          "aria-label": interpolate(gettext("Rename “%(title)s”"), { title }),
+          title: gettext("Rename"),
+        },
+        icon("pencil")
+      ),
+      el(
+        "button",
+        {
+          type: "button",
+          class: "icon-button delete-button",
+          "aria-label": interpolate(gettext("Delete “%(title)s”"), { title }),
+          title: gettext("Delete"),
+        },
+        icon("trash")
+      )
     );
     fragment.append(
       el(
@@ -90,7 +109,7 @@ export async function loadConversations() {
       if (item) setHeader(item.title);
     }
   } catch (error) {
-    if (error.status !== 401) toast("Could not load your conversations: " + error.message);
+    if (error.status !== 401) toast(interpolate(gettext("Could not load your conversations: %(error)s"), { error: error.message }));
   }
 }
 
@@ -99,7 +118,7 @@ function startRename(li, id) {
   if (!conv) return;
   renamingId = id;
   const link = li.querySelector(".conversation-link");
-  const field = el("input", { type: "text", class: "rename-input", maxlength: "200", "aria-label": "New title" });
+  const field = el("input", { type: "text", class: "rename-input", maxlength: "200", "aria-label": gettext("New title") });
   field.value = conv.title || "";
   link.replaceWith(field);
   li.querySelector(".conversation-actions").hidden = true;
@@ -123,7 +142,7 @@ function startRename(li, id) {
         conv.title = before;
         renderConversationList();
         if (id === state.currentId) setHeader(before);
-        toast("Could not rename: " + error.message);
+        toast(interpolate(gettext("Could not rename: %(error)s"), { error: error.message }));
       }
     } else {
       renderConversationList();
@@ -146,14 +165,16 @@ function startRename(li, id) {
 
 async function deleteConversation(id) {
   const conv = conversations.find((c) => c.id === id);
-  const title = conv && conv.title ? "“" + conv.title + "”" : "this conversation";
-  if (!window.confirm("Delete " + title + "? This cannot be undone.")) return;
+  const question = conv && conv.title
+    ? interpolate(gettext("Delete “%(title)s”? This cannot be undone."), { title: conv.title })
+    : gettext("Delete this conversation? This cannot be undone.");
+  if (!window.confirm(question)) return;
   if (state.turn && state.turn.conversationId === id) stopTurn();
   try {
     await api("DELETE", "conversations/" + id + "/");
   } catch (error) {
     if (error.status !== 404) {
-      toast("Could not delete: " + error.message);
+      toast(interpolate(gettext("Could not delete: %(error)s"), { error: error.message }));
       return;
     }
   }
@@ -163,7 +184,7 @@ async function deleteConversation(id) {
 }
 
 export function setHeader(title, meta) {
-  const text = title || "New chat";
+  const text = title || gettext("New chat");
   titleEl.textContent = text;
   document.title = text + " · Cachet";
   if (meta !== undefined) metaEl.textContent = meta;
@@ -186,7 +207,7 @@ export function startNewChat({ push = true, replace = false, focus = true } = {}
   viewToken += 1;
   messagesEl.replaceChildren();
   newChatPanel.hidden = false;
-  setHeader("New chat", "");
+  setHeader(gettext("New chat"), "");
   highlightCurrent();
   if (push && window.location.pathname !== "/") history.pushState({ conversation: null }, "", "/");
   else if (replace) history.replaceState({ conversation: null }, "", "/");
@@ -204,9 +225,9 @@ export async function openConversation(id, { push = false, replace = false } = {
   else if (replace) history.replaceState({ conversation: id }, "", "/c/" + id + "/");
   newChatPanel.hidden = true;
   const known = conversations.find((c) => c.id === id);
-  setHeader(known ? known.title : "Loading…", "");
+  setHeader(known ? known.title : gettext("Loading…"), "");
   highlightCurrent();
-  messagesEl.replaceChildren(el("p", { class: "loading-note", text: "Loading conversation…" }));
+  messagesEl.replaceChildren(el("p", { class: "loading-note", text: gettext("Loading conversation…") }));
   updateComposer();
   let data;
   try {
@@ -216,14 +237,14 @@ export async function openConversation(id, { push = false, replace = false } = {
     if (error.status === 404) {
       conversations = conversations.filter((c) => c.id !== id);
       renderConversationList();
-      toast("That conversation does not exist (any more).");
+      toast(gettext("That conversation does not exist (any more)."));
       startNewChat({ push: false, replace: true });
       return;
     }
-    const retry = el("button", { type: "button", class: "button", text: "Try again" });
+    const retry = el("button", { type: "button", class: "button", text: gettext("Try again") });
     retry.addEventListener("click", () => openConversation(id));
     messagesEl.replaceChildren(
-      el("div", { class: "error-message", role: "alert" }, el("p", { text: "Could not load the conversation: " + error.message }), el("div", { class: "error-actions" }, retry))
+      el("div", { class: "error-message", role: "alert" }, el("p", { text: interpolate(gettext("Could not load the conversation: %(error)s"), { error: error.message }) }), el("div", { class: "error-actions" }, retry))
     );
     return;
   }

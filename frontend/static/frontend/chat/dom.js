@@ -26,6 +26,7 @@ export const composerHint = $("#composer-hint");
 export const charCounter = $("#char-counter");
 export const toasts = $("#toasts");
 export const logoutForm = $("#logout-form");
+export const languageForm = $("#language-switch");
 export const uploadPanel = $("#upload-panel");
 export const uploadForm = $("#upload-form");
 export const uploadFile = $("#upload-file");
@@ -63,6 +64,8 @@ const ICONS = {
   trash: ["M4 7h16", "M9 7V4h6v3", "M6 7l1 13h10l1-13"],
   chevron: ["M6 9l6 6 6-6"],
   close: ["M6 6l12 12", "M18 6L6 18"],
+  thumbUp: ["M7 10v10H4V10z", "M7 10l4-7c1.4 0 2.4 1.1 2.1 2.5L12.6 9H19a2 2 0 0 1 2 2.3l-1.2 6.9A2.2 2.2 0 0 1 17.6 20H7"],
+  thumbDown: ["M7 14V4H4v10z", "M7 14l4 7c1.4 0 2.4-1.1 2.1-2.5l-.5-3.5H19a2 2 0 0 0 2-2.3l-1.2-6.9A2.2 2.2 0 0 0 17.6 4H7"],
 };
 
 export function icon(name) {

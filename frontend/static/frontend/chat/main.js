@@ -29,13 +29,20 @@
  *     .stats                       stats line of a finished answer
  *     .regenerate-button           only on the last answer
  *     .copy-button                 copies the answer's raw markdown (code blocks: .code-copy-button)
+ *     .feedback-button             thumbs up / down (data-rating, aria-pressed); .feedback-note
  *     .finish-badge                "stopped" / "length limit" / "interrupted" / "error"
+ *     .answer-model                the model that answered (shown with the model picker)
  *     .retry-button                in an error that can be retried
  *   .error-message                 an error shown inline (in a bubble) or as a toast
  *   #connection-status             data-state = connecting | reconnecting | open | closed
  *   #collection-picker             collections for a new chat (shown only for a new chat)
  *   #profile-select                profile for a new chat (shown if there is more than one)
+ *   #model-picker, #model-select   the model each turn asks for (shown if there is more than one)
  *   #upload-form, .upload-progress staff upload and its live progress items
+ *   #new-collection                staff: a collection made inline (#new-collection-name, -create)
+ *   #bulk-upload, .bulk-result     staff: a folder / files / zips at once, a result per file
+ *   #ingestion-queue .queue-item   staff: every document's ingestion (.queue-cancel, .queue-retry)
+ *   #source-panel                  a clicked citation's document (mark.cited-span), #source-panel-close
  */
 
 import { autosize, setUpComposer, updateComposer } from "./composer.js";
@@ -47,28 +54,39 @@ import {
   setUpConversations,
   startNewChat,
 } from "./conversations.js";
+import { setUpFeedback } from "./feedback.js";
+import { gettext } from "./i18n.js";
 import { markdownLoaded } from "./markdown.js";
 import { setUpMessageActions } from "./messages.js";
 import { loadOptions, setUpOptions } from "./options.js";
 import { setUpScrolling } from "./scrolling.js";
 import { setUpSidebar } from "./sidebar.js";
 import { connect, setStatus } from "./socket.js";
+import { setUpSourcePanel } from "./source_panel.js";
 import { toast } from "./toasts.js";
 import { afterReconnect, interruptTurn, onFrame, regenerate, sendMessage } from "./turns.js";
 import { setUpUpload } from "./upload.js";
+import { setUpBulkUpload } from "./bulk_upload.js";
+import { openQueue, setUpIngestionQueue } from "./ingestion_queue.js";
+import { setUpNewCollection } from "./new_collection.js";
 import { isNumber } from "./values.js";
 
 function start() {
   setUpScrolling();
   setUpMessageActions({ onRegenerate: regenerate });
+  setUpFeedback();
+  setUpSourcePanel();
   setUpConversations();
   setUpOptions();
   setUpComposer({ onSend: () => sendMessage() });
   setUpSidebar();
   setUpUpload();
+  setUpNewCollection({ onCreated: () => loadOptions(0) });
+  setUpBulkUpload({ onSent: openQueue });
+  setUpIngestionQueue();
 
   if (!markdownLoaded()) {
-    toast("The markdown libraries did not load; answers are shown as plain text.");
+    toast(gettext("The markdown libraries did not load; answers are shown as plain text."));
   }
   setStatus("connecting");
   autosize();

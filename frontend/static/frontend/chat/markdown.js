@@ -7,6 +7,7 @@
  */
 
 import { el } from "./dom.js";
+import { gettext, interpolate } from "./i18n.js";
 import { isNumber, safeUrl } from "./values.js";
 
 const markdown = createMarkdown();
@@ -111,13 +112,14 @@ function linkCitations(root, sources) {
 
 function citationLink(n, source) {
   const href = safeUrl(source.url);
-  const title = [source.document_title, source.page ? "page " + source.page : ""].filter(Boolean).join(", ");
+  const page = source.page ? interpolate(gettext("page %(page)s"), { page: source.page }) : "";
+  const title = [source.document_title, page].filter(Boolean).join(", ");
   return el("a", {
     class: "citation",
     href: href || "#",
     target: "_blank",
     rel: "noopener",
-    title: title || "Source " + n,
+    title: title || interpolate(gettext("Source %(n)s"), { n }),
     dataset: { n: String(n) },
     text: "[" + n + "]",
   });
@@ -128,7 +130,7 @@ function decorateCodeBlocks(root) {
     const pre = code.parentElement;
     const lang = /(?:^|\s)language-([\w+#.-]{1,20})/.exec(code.className);
     if (lang) pre.dataset.lang = lang[1];
-    pre.append(el("button", { type: "button", class: "code-copy-button", "aria-label": "Copy code", text: "Copy" }));
+    pre.append(el("button", { type: "button", class: "code-copy-button", "aria-label": gettext("Copy code"), text: gettext("Copy") }));
   }
 }
 

@@ -10,6 +10,8 @@ import { copyText, flashCopied } from "./clipboard.js";
 import { updateComposer } from "./composer.js";
 import { SNIPPET_CHARS } from "./config.js";
 import { el, icon, messagesEl } from "./dom.js";
+import { feedbackButtons, feedbackNote } from "./feedback.js";
+import { formatNumber, gettext, interpolate, ngettext } from "./i18n.js";
 import { fillContent } from "./markdown.js";
 import { bubbles, state } from "./state.js";
 import { isNumber, safeUrl } from "./values.js";
@@ -30,7 +32,7 @@ export function assistantMessageEl(pending) {
     "div",
     { class: "body" },
     pending
-      ? el("div", { class: "typing-dots", role: "status", "aria-label": "Assistant is typing" }, el("span"), el("span"), el("span"))
+      ? el("div", { class: "typing-dots", role: "status", "aria-label": gettext("Assistant is typing") }, el("span"), el("span"), el("span"))
       : null,
     el("div", { class: "content" })
   );
@@ -63,7 +65,7 @@ export function renderSources(bubble, sources, collapsed) {
     "button",
     { type: "button", class: "sources-toggle", "aria-expanded": String(!collapsed), "aria-controls": listId },
     icon("chevron"),
-    el("span", { text: "Sources (" + sources.length + ")" })
+    el("span", { text: interpolate(gettext("Sources (%(count)s)"), { count: formatNumber(sources.length) }) })
   );
   const list = el("ol", { class: "source-list", id: listId, hidden: !!collapsed });
   sources.forEach((source, index) => list.append(sourceItem(source, index)));
@@ -86,7 +88,7 @@ export function renderSources(bubble, sources, collapsed) {
 function sourceItem(source, index) {
   const n = isNumber(source.n) ? source.n : index + 1;
   const href = safeUrl(source.url);
-  const meta = [source.collection, source.page ? "page " + source.page : ""].filter(Boolean).join(" · ");
+  const meta = [source.collection, source.page ? interpolate(gettext("page %(page)s"), { page: source.page }) : ""].filter(Boolean).join(" · ");
   const head = el(
     "div",
     { class: "source-head" },
@@ -95,7 +97,7 @@ function sourceItem(source, index) {
       href: href || "#",
       target: "_blank",
       rel: "noopener",
-      text: source.document_title || "Untitled document",
+      text: source.document_title || gettext("Untitled document"),
     }),
     meta ? el("span", { class: "source-meta", text: meta }) : null
   );
@@ -109,12 +111,12 @@ function sourceItem(source, index) {
     const short = text.length > SNIPPET_CHARS ? text.slice(0, SNIPPET_CHARS).replace(/\s+\S*$/, "") + "…" : text;
     // NOTE: CSS also clamps the short form to a few lines (phones); "Show more" shows it all.
     const shown = el("span", { class: "snippet-text clamped", text: short });
-    const more = el("button", { type: "button", class: "link-button snippet-more", "aria-expanded": "false", text: "Show more", hidden: short === text });
+    const more = el("button", { type: "button", class: "link-button snippet-more", "aria-expanded": "false", text: gettext("Show more"), hidden: short === text });
     more.addEventListener("click", () => {
       const open = more.getAttribute("aria-expanded") === "true";
       shown.textContent = open ? short : text;
       shown.classList.toggle("clamped", open);
-      more.textContent = open ? "Show more" : "Show less";
+      more.textContent = open ? gettext("Show more") : gettext("Show less");
       more.setAttribute("aria-expanded", String(!open));
     });
     snippet.append(shown, more);
@@ -130,27 +132,45 @@ function sourceItem(source, index) {
 function statsText(stats) {
   if (!stats) return "";
   const parts = [];
-  if (isNumber(stats.ttft_s)) parts.push("TTFT " + stats.ttft_s.toFixed(2) + " s");
-  if (isNumber(stats.tokens_per_s)) parts.push(stats.tokens_per_s.toFixed(1) + " tok/s");
+  if (isNumber(stats.ttft_s)) {
+    parts.push(interpolate(gettext("TTFT %(seconds)s s"), { seconds: formatNumber(stats.ttft_s, 2) }));
+  }
+  if (isNumber(stats.tokens_per_s)) {
+    parts.push(interpolate(gettext("%(rate)s tok/s"), { rate: formatNumber(stats.tokens_per_s, 1) }));
+  }
   if (isNumber(stats.prompt_tokens)) {
+    const counts = {
+      prompt: formatNumber(stats.prompt_tokens),
+      hit: formatNumber(stats.prompt_cache_hit_tokens),
+      reused: formatNumber(stats.reused_tokens),
+      miss: formatNumber(stats.prompt_cache_miss_tokens),
+    };
+    const split = isNumber(stats.prompt_cache_hit_tokens) && isNumber(stats.prompt_cache_miss_tokens);
+    // NOTE: passages reused by the engine (chunk-KV reuse) are named only when there are some.
     parts.push(
-      isNumber(stats.prompt_cache_hit_tokens) && isNumber(stats.prompt_cache_miss_tokens)
-        ? stats.prompt_tokens + " prompt tokens: " + stats.prompt_cache_hit_tokens +
-            " cache hit, " + stats.prompt_cache_miss_tokens + " miss"
-        : stats.prompt_tokens + " prompt tokens"
+      split && stats.reused_tokens > 0
+        ? interpolate(
+            gettext("%(prompt)s prompt tokens: %(hit)s cache hit, %(reused)s reused from passages, %(miss)s miss"),
+            counts
+          )
+        : split
+          ? interpolate(gettext("%(prompt)s prompt tokens: %(hit)s cache hit, %(miss)s miss"), counts)
+          : interpolate(gettext("%(prompt)s prompt tokens"), counts)
     );
   }
   if (isNumber(stats.completion_tokens)) {
-    parts.push(stats.completion_tokens + (stats.completion_tokens === 1 ? " token" : " tokens"));
+    const count = stats.completion_tokens;
+    parts.push(interpolate(ngettext("%(count)s token", "%(count)s tokens", count), { count: formatNumber(count) }));
   }
   return parts.join(" · ");
 }
 
+/** finish_reason: [label, class]; the labels are read when shown, in the page's language. */
 const FINISH_BADGES = {
-  stopped: ["stopped", "neutral"],
-  length: ["length limit", ""],
-  abort: ["interrupted", ""],
-  error: ["error", "danger"],
+  stopped: [() => gettext("stopped"), "neutral"],
+  length: [() => gettext("length limit"), ""],
+  abort: [() => gettext("interrupted"), ""],
+  error: [() => gettext("error"), "danger"],
 };
 
 function renderFooter(bubble, message) {
@@ -161,21 +181,36 @@ function renderFooter(bubble, message) {
   const stats = message ? statsText(message.stats) : "";
   if (stats) {
     const s = message.stats;
-    const details = [s.model ? "Model: " + s.model : "", isNumber(s.total_s) ? "Total " + s.total_s.toFixed(2) + " s" : ""]
+    const details = [
+      s.model ? interpolate(gettext("Model: %(model)s"), { model: s.model }) : "",
+      isNumber(s.total_s) ? interpolate(gettext("Total %(seconds)s s"), { seconds: formatNumber(s.total_s, 2) }) : "",
+    ]
       .filter(Boolean)
       .join(" · ");
     footer.append(el("span", { class: "stats", text: stats, title: details || null }));
   }
+  const model = message && message.stats && message.stats.model;
+  // shown only while several models are on offer (model_picker.js marks the page)
+  if (model) footer.append(el("span", { class: "answer-model", text: model }));
   const badge = message && FINISH_BADGES[message.finish_reason];
-  if (badge) footer.append(el("span", { class: "badge finish-badge " + badge[1], text: badge[0] }));
+  if (badge) footer.append(el("span", { class: "badge finish-badge " + badge[1], text: badge[0]() }));
   const copy = el(
     "button",
-    { type: "button", class: "action-button copy-button", "aria-label": "Copy answer as markdown", title: "Copy answer (markdown)" },
+    {
+      type: "button",
+      class: "action-button copy-button",
+      "aria-label": gettext("Copy answer as markdown"),
+      title: gettext("Copy answer (markdown)"),
+    },
     icon("copy"),
-    el("span", { class: "label", text: "Copy" })
+    el("span", { class: "label", text: gettext("Copy") })
   );
-  footer.append(el("div", { class: "message-actions" }, copy));
+  const saved = message && message.id && message.finish_reason !== "error";
+  footer.append(el("div", { class: "message-actions" }, saved ? feedbackButtons(message) : null, copy));
   body.append(footer);
+  const oldNote = body.querySelector(".feedback-note");
+  if (oldNote) oldNote.remove();
+  if (saved) body.append(feedbackNote(message));
 }
 
 /** Shows a saved assistant Message in `bubble`. */
@@ -191,7 +226,7 @@ export function fillAssistant(bubble, message, fallbackSources) {
   bubble.removeAttribute("aria-busy");
   const content = bubble.querySelector(".content");
   if (shown.raw) fillContent(content, shown.raw, shown.sources);
-  else content.replaceChildren(el("p", { class: "hint", text: message.finish_reason === "stopped" ? "Stopped before any text was written." : "No answer." }));
+  else content.replaceChildren(el("p", { class: "hint", text: message.finish_reason === "stopped" ? gettext("Stopped before any text was written.") : gettext("No answer.") }));
   renderSources(bubble, shown.sources);
   renderFooter(bubble, message);
 }
@@ -239,9 +274,14 @@ export function updateRegenerateButtons() {
   actions.append(
     el(
       "button",
-      { type: "button", class: "action-button regenerate-button", "aria-label": "Regenerate answer", title: "Regenerate answer" },
+      {
+        type: "button",
+        class: "action-button regenerate-button",
+        "aria-label": gettext("Regenerate answer"),
+        title: gettext("Regenerate answer"),
+      },
       icon("refresh"),
-      el("span", { class: "label", text: "Regenerate" })
+      el("span", { class: "label", text: gettext("Regenerate") })
     )
   );
   updateComposer();

@@ -3,6 +3,8 @@
 import { api } from "./api.js";
 import { updateComposer } from "./composer.js";
 import { $, collectionOptions, el, profilePicker, profileSelect } from "./dom.js";
+import { gettext, interpolate } from "./i18n.js";
+import { renderModelPicker } from "./model_picker.js";
 import { state } from "./state.js";
 import { toast } from "./toasts.js";
 import { renderUploadPanel } from "./upload.js";
@@ -28,7 +30,7 @@ function renderPickers() {
   const collections = (state.options && state.options.collections) || [];
   collectionOptions.replaceChildren();
   if (!collections.length) {
-    collectionOptions.append(el("p", { class: "hint", text: "No document collections are available to you yet; answers will not cite documents." }));
+    collectionOptions.append(el("p", { class: "hint", text: gettext("No document collections are available to you yet; answers will not cite documents.") }));
   }
   for (const collection of collections) {
     const box = el("input", { type: "checkbox", value: String(collection.id), checked: true });
@@ -49,11 +51,12 @@ export async function loadOptions(attempt) {
   } catch (error) {
     if (error.status === 401) return;
     if ((attempt || 0) < 4) setTimeout(() => loadOptions((attempt || 0) + 1), 1500 * ((attempt || 0) + 1));
-    else toast("Could not load the chat options: " + error.message);
+    else toast(interpolate(gettext("Could not load the chat options: %(error)s"), { error: error.message }));
     return;
   }
   state.maxChars = isNumber(state.options.max_message_chars) ? state.options.max_message_chars : Infinity;
   renderPickers();
+  renderModelPicker();
   renderUploadPanel();
   updateComposer();
 }

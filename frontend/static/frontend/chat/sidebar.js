@@ -2,7 +2,7 @@
 
 import { getCookie } from "./api.js";
 import { config, PHONE } from "./config.js";
-import { $, app, backdrop, logoutForm, menuButton, newChatButton } from "./dom.js";
+import { $, app, backdrop, languageForm, logoutForm, menuButton, newChatButton } from "./dom.js";
 import { state } from "./state.js";
 
 export function isSidebarOpen() {
@@ -37,8 +37,19 @@ export function setUpSidebar() {
   logoutForm.action = config.logout_url;
   logoutForm.addEventListener("submit", () => {
     state.unloading = true;
-    const field = logoutForm.querySelector("input[name=csrfmiddlewaretoken]");
-    const token = getCookie("csrftoken");
-    if (field && token) field.value = token;
+    refreshCsrfToken(logoutForm);
   });
+  // The language switch comes back to the conversation shown now, not the one the page opened on.
+  languageForm.addEventListener("submit", () => {
+    state.unloading = true;
+    refreshCsrfToken(languageForm);
+    languageForm.elements.next.value = window.location.pathname;
+  });
+}
+
+/** The page may be older than the CSRF cookie (a log-in elsewhere rotates it): post the cookie's. */
+function refreshCsrfToken(form) {
+  const field = form.querySelector("input[name=csrfmiddlewaretoken]");
+  const token = getCookie("csrftoken");
+  if (field && token) field.value = token;
 }

@@ -6,6 +6,7 @@
 import { api, goToLogin } from "./api.js";
 import { config, PING_INTERVAL_MS, RECONNECT_MAX_MS, RECONNECT_MIN_MS } from "./config.js";
 import { el, statusEl } from "./dom.js";
+import { gettext } from "./i18n.js";
 import { state } from "./state.js";
 
 /** The socket, its reconnect schedule and the page's handlers: this module's own state. */
@@ -32,10 +33,15 @@ export function wsSend(frame) {
 
 export function setStatus(status) {
   statusEl.dataset.state = status;
-  const labels = { connecting: "Connecting…", reconnecting: "Reconnecting…", open: "Connected", closed: "Disconnected" };
+  const labels = {
+    connecting: gettext("Connecting…"),
+    reconnecting: gettext("Reconnecting…"),
+    open: gettext("Connected"),
+    closed: gettext("Disconnected"),
+  };
   statusEl.replaceChildren(labels[status] || status);
   if (status === "reconnecting" && connection.reconnectAttempt >= 3) {
-    const now = el("button", { type: "button", text: "Retry now" });
+    const now = el("button", { type: "button", text: gettext("Retry now") });
     now.addEventListener("click", () => connectNow());
     statusEl.append(" ", now);
   }

@@ -1,9 +1,10 @@
 /* Short notices in the corner: errors stay 8 s, info 3.5 s, at most three at a time. */
 
 import { el, icon, toasts } from "./dom.js";
+import { gettext } from "./i18n.js";
 
 export function toast(message, kind) {
-  const close = el("button", { type: "button", class: "icon-button", "aria-label": "Dismiss" }, icon("close"));
+  const close = el("button", { type: "button", class: "icon-button", "aria-label": gettext("Dismiss") }, icon("close"));
   const node = el(
     "div",
     { class: "toast " + (kind === "info" ? "info" : "error-message"), role: kind === "info" ? "status" : "alert" },

@@ -18,7 +18,9 @@ import {
   upsertConversation,
 } from "./conversations.js";
 import { el, input, messagesEl, newChatPanel, profilePicker, profileSelect } from "./dom.js";
+import { formatNumber, gettext, interpolate } from "./i18n.js";
 import { fillContent } from "./markdown.js";
+import { chosenModel } from "./model_picker.js";
 import {
   assistantMessageEl,
   bodyOf,
@@ -51,19 +53,22 @@ export function sendMessage(retryFrame) {
   const content = retryFrame ? retryFrame.content : input.value.trim();
   if (!content) return;
   if (content.length > state.maxChars) {
-    toast("The message is too long (" + content.length + " characters; the limit is " + state.maxChars + ").");
+    const counts = { length: formatNumber(content.length), limit: formatNumber(state.maxChars) };
+    toast(interpolate(gettext("The message is too long (%(length)s characters; the limit is %(limit)s)."), counts));
     return;
   }
   let frame = retryFrame;
   if (!frame) {
     frame = { type: "message", conversation: state.currentId, content };
+    const model = chosenModel();
+    if (model) frame.model = model;
     if (state.currentId === null) {
       if (state.options) frame.collections = selectedCollections();
       if (!profilePicker.hidden && profileSelect.value) frame.profile = parseInt(profileSelect.value, 10);
     }
   }
   if (!wsSend(frame)) {
-    toast("Not connected: the message was not sent.");
+    toast(gettext("Not connected: the message was not sent."));
     return;
   }
   newChatPanel.hidden = true;
@@ -101,14 +106,17 @@ export function sendMessage(retryFrame) {
 export function regenerate() {
   if (state.turn || !state.wsOpen || state.currentId === null) return;
   const old = lastAssistant();
-  if (!wsSend({ type: "regenerate", conversation: state.currentId })) return;
+  const frame = { type: "regenerate", conversation: state.currentId };
+  const model = chosenModel();
+  if (model) frame.model = model;
+  if (!wsSend(frame)) return;
   const bubble = assistantMessageEl(true);
   bubble.classList.add("live");
   if (old) old.replaceWith(bubble);
   else messagesEl.append(bubble);
   setTurn({
     kind: "regenerate",
-    frame: { type: "regenerate", conversation: state.currentId },
+    frame,
     conversationId: state.currentId,
     userEl: null,
     userMessageId: null,
@@ -242,23 +250,29 @@ function onDone(frame) {
   }
 }
 
+/** The error frame's text: the server's message (in the page's language where it has one) in a
+ * sentence that says what to do. */
 function errorText(frame) {
-  const message = frame.message || "Something went wrong.";
+  const message = frame.message || gettext("Something went wrong.");
+  const detail = { message, detail: message.replace(/[.。\s]+$/, "") };
   switch (frame.code) {
     case "engine_unavailable":
-      return "The model is not available right now (" + message.replace(/[.\s]+$/, "") + "). Try again in a moment.";
+      return interpolate(gettext("The model is not available right now (%(detail)s). Try again in a moment."), detail);
     case "engine_error":
-      return "The model failed while answering: " + message;
+      return interpolate(gettext("The model failed while answering: %(message)s"), detail);
     case "context_overflow":
-      return "This question is too long for the model's context window. Shorten it, or start a new chat. (" + message + ")";
+      return interpolate(
+        gettext("This question is too long for the model's context window. Shorten it, or start a new chat. (%(message)s)"),
+        detail
+      );
     case "too_long":
-      return "The message is too long: " + message;
+      return interpolate(gettext("The message is too long: %(message)s"), detail);
     case "not_found":
-      return "Not found: " + message;
+      return interpolate(gettext("Not found: %(message)s"), detail);
     case "busy":
-      return "An answer is still running; wait for it or stop it first.";
+      return gettext("An answer is still running; wait for it or stop it first.");
     case "nothing_to_regenerate":
-      return "There is no answer to regenerate.";
+      return gettext("There is no answer to regenerate.");
     default:
       return message.charAt(0).toUpperCase() + message.slice(1);
   }
@@ -278,7 +292,7 @@ function onError(frame) {
   if (frame.conversation && !t.conversationId) t.conversationId = frame.conversation;
   const actions = [];
   if (RETRYABLE.has(frame.code)) {
-    const retry = el("button", { type: "button", class: "button retry-button", text: "Retry" });
+    const retry = el("button", { type: "button", class: "button retry-button", text: gettext("Retry") });
     retry.addEventListener("click", () => retryTurn(t, retry));
     actions.push(retry);
   }
@@ -306,7 +320,7 @@ function onError(frame) {
  * after it the question is saved and `regenerate` answers the conversation's last question. */
 function retryTurn(t, button) {
   if (state.turn || !state.wsOpen) {
-    toast(state.wsOpen ? "Wait for the running answer first." : "Not connected yet.");
+    toast(state.wsOpen ? gettext("Wait for the running answer first.") : gettext("Not connected yet."));
     return;
   }
   button.disabled = true;
@@ -339,7 +353,7 @@ export function interruptTurn() {
   if (t.raw) fillContent(t.bubble.querySelector(".content"), t.raw, t.sources);
   renderSources(t.bubble, t.sources, false);
   const body = bodyOf(t.bubble);
-  body.append(el("div", { class: "message-footer" }, el("span", { class: "badge interrupted-badge", text: "interrupted: connection lost, reloading when back…" })));
+  body.append(el("div", { class: "message-footer" }, el("span", { class: "badge interrupted-badge", text: gettext("interrupted: connection lost, reloading when back…") })));
   if (t.conversationId !== null) reloadAfterReconnect = { conversationId: t.conversationId };
   else reloadAfterReconnect = { conversationId: null, content: t.frame.content };
 }

@@ -95,6 +95,7 @@ def build_attention_metadata(
     decode_kernel: bool = False,
     cascade: bool = True,
     sliding_windows: Iterable[int] = (),
+    query_positions: list[list[int] | None] | None = None,
 ) -> AttentionMetadata:
     """Index tensors for one step. Sequences with one query token must come first.
 
@@ -105,6 +106,10 @@ def build_attention_metadata(
     every decode attend its whole context itself (what the fused decode path runs).
     `sliding_windows`: the window sizes of the model's sliding-window layers, each of which
     gets its view in `windowed` (see `AttentionMetadata.windowed`).
+    `query_positions`: per sequence, None or the ascending positions of its query tokens when
+    they are not the run after its computed tokens (a blended prefill: its other positions hold
+    keys/values already); each query attends every position up to its own. Not with sliding
+    windows.
     """
     num_seqs = len(query_lens)
     num_decodes = 0
@@ -112,7 +117,13 @@ def build_attention_metadata(
         num_decodes += 1
     if any(n == 1 for n in query_lens[num_decodes:]):
         raise ValueError("single-token sequences must come before multi-token ones")
-    context_lens = [c + q for c, q in zip(num_computed_tokens, query_lens, strict=True)]
+    explicit = query_positions or [None] * num_seqs
+    if any(p is not None for p in explicit) and tuple(sliding_windows):
+        raise ValueError("explicit query positions are not supported with sliding windows")
+    context_lens = [
+        c + q if p is None else p[-1] + 1
+        for c, q, p in zip(num_computed_tokens, query_lens, explicit, strict=True)
+    ]
     num_blocks = [(n + block_size - 1) // block_size for n in context_lens]
     max_blocks = max(num_blocks)
 
@@ -136,6 +147,13 @@ def build_attention_metadata(
     seq_of_token = torch.repeat_interleave(torch.arange(num_seqs), q_lens, output_size=num_tokens)
     first_token = torch.cumsum(q_lens, 0) - q_lens
     positions = torch.arange(num_tokens) - first_token[seq_of_token] + computed[seq_of_token]
+    explicit_positions: list[torch.Tensor | None] = [None] * num_seqs
+    for i, seq_positions in enumerate(explicit):
+        if seq_positions is not None and i >= num_decodes:
+            start = int(first_token[i])
+            given = torch.tensor(seq_positions, dtype=torch.int64)
+            positions[start : start + query_lens[i]] = given
+            explicit_positions[i] = given
     block_of_token = table[seq_of_token, positions // block_size]
     offset_in_block = positions % block_size
     slot_mapping = block_of_token * block_size + offset_in_block
@@ -154,6 +172,7 @@ def build_attention_metadata(
         block_size,
         heads,
         torch.device(device),
+        explicit_positions,
     )
     metadata = AttentionMetadata(
         positions=positions.to(device),
@@ -203,6 +222,8 @@ class _StepLayout:
     block_size: int
     heads: torch.Tensor  # arange(num_kv_heads)
     device: torch.device
+    # per sequence: its query positions when given explicitly (build_attention_metadata)
+    explicit_positions: list[torch.Tensor | None]
 
 
 def _add_decode_part(
@@ -263,6 +284,22 @@ def _prefill_spans(layout: _StepLayout, window: int | None) -> list[PrefillSpan]
     block_size, heads = layout.block_size, layout.heads
     for i in range(layout.num_decodes, len(layout.query_lens)):
         computed_i, query_i = layout.num_computed_tokens[i], layout.query_lens[i]
+        explicit = layout.explicit_positions[i]
+        if explicit is not None:
+            # NOTE: the queries are scattered over the context, whose other positions the cache
+            # holds: every block is read and each query sees the keys up to its position.
+            num_context = int(explicit[-1]) + 1
+            all_blocks = layout.table[i, : layout.num_blocks[i]]
+            spans.append(
+                PrefillSpan(
+                    layout.query_starts[i],
+                    query_i,
+                    num_context,
+                    (all_blocks * heads.numel() + heads[:, None]).flatten().to(layout.device),
+                    (torch.arange(num_context) <= explicit[:, None]).to(layout.device),
+                )
+            )
+            continue
         first_visible = 0 if window is None else max(0, computed_i - window + 1)
         start_block = first_visible // block_size
         first_key = start_block * block_size  # position of the first key the span reads

@@ -1,14 +1,18 @@
-"""bench.answer_metrics: SQuAD's normalisation and scores, on hand-made answers."""
+"""evals.answer_metrics: SQuAD's normalisation and scores, on hand-made answers."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.answer_metrics import (
+from evals.answer_metrics import (
     answer_contained,
+    chinese_tokens,
+    cjk_share,
     exact_match,
+    is_chinese,
     normalize_answer,
     score_answer,
+    score_chinese_answer,
     token_f1,
 )
 
@@ -80,3 +84,39 @@ def test_each_score_is_its_best_over_the_reference_answers() -> None:
 def test_an_answer_without_references_cannot_be_scored() -> None:
     with pytest.raises(ValueError, match="at least one reference"):
         score_answer("Denver", [])
+
+
+@pytest.mark.parametrize(
+    ("text", "share"),
+    [
+        ("登录名和密码", 1.0),
+        ("The login name and the password.", 0.0),
+        # A Latin word weighs as one Han character, a path is one word: an answer naming them stays
+        # Chinese.
+        ("配置文件是 /etc/network/interfaces。", 5 / 6),
+        ("在 Debian 上 /bin/sh 实际指向 /usr/bin/dash。", 6 / 9),
+        ("Run 安装 now", 2 / 4),
+        ("[1] 42", 0.0),
+        ("", 0.0),
+    ],
+)
+def test_the_chinese_share_counts_han_characters_against_latin_words(text, share):
+    assert cjk_share(text) == pytest.approx(share)
+    assert is_chinese(text) == (share > 0.5)
+
+
+def test_chinese_is_scored_by_character_and_embedded_english_by_word():
+    # NFKC folds full-width letters; punctuation and spaces go.
+    text = "在 /etc/motd 文件里。\uff21\uff30\uff34"  # full-width "APT"
+    assert chinese_tokens(text) == ["在", "etc", "motd", "文", "件", "里", "apt"]
+    assert chinese_tokens("“,” …") == []
+
+
+def test_a_chinese_answer_scores_character_f1_and_recall_best_over_references():
+    score = score_chinese_answer("它在 /etc/motd 里", ["/etc/motd", "欢迎信息"])
+    # 2 of the answer's 5 units are the reference's 2: precision 0.4, recall 1
+    assert score.f1 == pytest.approx(2 * 0.4 / 1.4) and score.recall == 1.0
+    assert score_chinese_answer("不需要", ["不需要按住 Shift"]).recall == 3 / 6
+    assert score_chinese_answer("No idea.", ["欢迎信息"]).f1 == 0.0
+    with pytest.raises(ValueError, match="at least one reference"):
+        score_chinese_answer("答案", [])

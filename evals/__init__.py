@@ -1,0 +1,1 @@
+"""The golden set (questions from rated answers) and its evaluation runs: retrieval and answers."""

@@ -1,0 +1,41 @@
+"""bench.chunk_reuse: its smoke run on the real bundled model, through the chat's own prompts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.chunk_reuse import SMOKE_QUESTIONS, format_table, main
+from bench.squad_questions import DEFAULT_SQUAD_DIR
+
+pytestmark = pytest.mark.skipif(
+    not DEFAULT_SQUAD_DIR.is_dir(), reason=f"the squad-dev set is not at {DEFAULT_SQUAD_DIR}"
+)
+
+
+@pytest.mark.real_weights
+@pytest.mark.django_db
+def test_the_smoke_run_reuses_passages_in_one_mode_and_prefills_them_in_the_other(
+    settings, tmp_path, capsys
+) -> None:
+    settings.MEDIA_ROOT = tmp_path / "media"  # the end-to-end index's uploaded passages
+    assert main(["--smoke", "--json", "--models-dir", str(settings.MODELS_DIR)]) == 0
+    report = json.loads(capsys.readouterr().out)
+
+    assert report["config"]["questions"] == SMOKE_QUESTIONS
+    full, reuse = report["full"], report["reuse"]
+    assert full["mean_reused_tokens"] == 0 < reuse["mean_reused_tokens"]
+    # Full prefill computes nearly the whole prompt (the system prompt is cached); reuse
+    # computes the question, the headings and each passage's first tokens.
+    assert report["computed_share"]["reuse"] < report["computed_share"]["full"] <= 1
+    assert report["ingestion"]["passages"] >= SMOKE_QUESTIONS
+    assert all(full["answers"]) and all(reuse["answers"])
+    for mode in (full, reuse):
+        # asked again, the whole prompt is in the prefix cache
+        assert (
+            0 <= mode["repeat_ttft_s"]["p50"] <= mode["ttft_s"]["p50"] and mode["ttft_s"]["p50"] > 0
+        )
+        assert 0 <= mode["f1"] <= 1
+    assert report["ttft_ratio_full_over_reuse"] > 0
+    assert "| reuse |" in format_table(report)
