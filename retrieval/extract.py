@@ -48,6 +48,10 @@ MARKDOWN_HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 MB = 1024 * 1024
 MAX_DOCX_PARTS = 10_000  # a real .docx has tens to hundreds; each costs memory when opened
 HTML_FEED_BYTES = 1 * MB
+# A page's own encoding: <meta charset=...> or <meta http-equiv=... content="...; charset=...">,
+# which HTML puts in the first 1,024 bytes (looked for a little further).
+HTML_CHARSET = re.compile(rb"<meta[^>]*charset\s*=", re.IGNORECASE)
+HTML_CHARSET_PREFIX = 4096
 
 
 class ExtractionError(Exception):
@@ -282,10 +286,14 @@ def _html_sections(data: bytes, deadline: Deadline) -> list[Section]:
 
     if b"\x00" in data[:4096]:
         raise ExtractionError("The file looks binary, not HTML.")
+    source: str | bytes
     try:
-        source: str | bytes = data.decode("utf-8-sig")
+        source = data.decode("utf-8-sig")
     except UnicodeDecodeError:
-        source = data  # NOTE: lxml honours a <meta charset>; without one, it reads latin-1.
+        # lxml honours the page's own <meta charset>. NOTE: without one it would read latin-1,
+        # storing GB18030 or Big5 pages as mojibake: detected like a text upload instead.
+        declared = HTML_CHARSET.search(data[:HTML_CHARSET_PREFIX])
+        source = data if declared else _decode(data)
     parser = etree.HTMLParser(target=_HtmlTarget(), no_network=True)
     try:
         for start in range(0, len(source), HTML_FEED_BYTES):

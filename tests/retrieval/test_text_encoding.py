@@ -54,3 +54,20 @@ def test_bytes_that_are_no_known_encoding_are_refused_with_the_reason():
         decode_text(garbage)
     with pytest.raises(ExtractionError, match="encoding could not be recognised"):
         extract(garbage, "notes.txt")
+
+
+@pytest.mark.parametrize(
+    ("text", "encoding"), [(SIMPLIFIED, "gb18030"), (TRADITIONAL, "big5")], ids=["gb18030", "big5"]
+)
+def test_an_html_page_in_a_chinese_encoding_is_read_as_written_declared_or_not(text, encoding):
+    body = f"<html><body><h1>{text[:4]}</h1><p>{text}</p></body></html>"
+    [section] = extract(body.encode(encoding), "page.html")  # no charset: detected
+    assert (section.heading_path, section.text) == ([text[:4]], text)
+    declared = f'<html><head><meta charset="{encoding}"></head><body><p>{text}</p></body></html>'
+    assert extract(declared.encode(encoding), "page.html")[0].text == text
+
+
+def test_an_html_page_in_no_known_encoding_and_no_declaration_is_refused():
+    page = b"<html><body><p>" + bytes(range(0x80, 0x100)) * 8 + b"</p></body></html>"
+    with pytest.raises(ExtractionError, match="encoding could not be recognised"):
+        extract(page, "page.html")
