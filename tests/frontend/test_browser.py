@@ -306,6 +306,18 @@ def assert_all_chinese(page) -> None:
     )
 
 
+# The conversation list's tooltips end with the time of the last change, in the page's language
+# (Intl's medium date and short time): 2026年12月6日 05:21 / Dec 6, 2026, 5:21 AM.
+ZH_DATE_TIME = re.compile(r"\n\d{4}年\d{1,2}月\d{1,2}日 \d{1,2}:\d{2}$")
+EN_DATE_TIME = re.compile(r"\n[A-Z][a-z]{2} \d{1,2}, \d{4}, \d{1,2}:\d{2}\s?[AP]M$")
+
+
+def conversation_tooltip(page) -> str:
+    link = page.locator("#conversation-list .conversation-link[aria-current=page]")
+    link.wait_for(state="attached")
+    return link.get_attribute("title") or ""
+
+
 def switch_language(page, language: str) -> None:
     with page.expect_navigation():
         page.click(f"#language-switch button[value={language}]")
@@ -340,6 +352,8 @@ def test_a_browser_that_prefers_chinese_gets_the_whole_chat_in_chinese_then_swit
     )
     assert page.locator(".message.assistant .regenerate-button").inner_text() == "重新生成"
     assert_all_chinese(page)
+    tooltip = conversation_tooltip(page)
+    assert ZH_DATE_TIME.search(tooltip), tooltip  # the date in Chinese order
     screenshot(page, "chat-answer-zh.png")
 
     page.wait_for_url(f"{server.url}/c/*/")
@@ -349,6 +363,8 @@ def test_a_browser_that_prefers_chinese_gets_the_whole_chat_in_chinese_then_swit
     page.wait_for_selector(".message.assistant .stats", state="visible")
     assert "TTFT" in page.locator(".message.assistant .stats").last.inner_text()
     assert page.get_attribute("#message-input", "placeholder") == "Ask a question…"
+    tooltip = conversation_tooltip(page)
+    assert EN_DATE_TIME.search(tooltip), tooltip  # the page's language, not the browser's (zh-CN)
     screenshot(page, "chat-answer-en-after-switch.png")
     page.context.close()
 
