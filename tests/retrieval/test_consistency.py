@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from django.test import Client
 
 import retrieval.search as search_module
 from retrieval.consistency import _embed_in_batches, rebuild_index, rebuild_progress, repair_index
@@ -109,6 +110,8 @@ def test_a_rebuild_reports_its_progress_while_it_runs(retriever) -> None:
     assert (running.num_embedded, running.num_chunks) == (0, len(ids))
     assert running.embedding_model == retriever.embedder.model_id
     assert f"of {len(ids)} chunks with {retriever.embedder.model_id}" in running.describe()
+    health = Client().get("/healthz").json()["components"]["search_index"]["detail"]
+    assert health.startswith("rebuilding, searches use BM25 alone until done: embedding 0 of")
     assert first_ids == ids and len(vectors) == len(ids)
     assert list(batches) == []
     assert rebuild_progress() is None
