@@ -210,27 +210,44 @@ async def stream_one(
     return result
 
 
+def api_client(base_url: str, api_key: str, timeout_s: float):
+    """An `openai.AsyncOpenAI` on the server's /v1 (no retries: a failure is a result)."""
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s)
+
+
+async def warm_up(client, model: str, texts: Texts, max_tokens: int) -> StreamResult:
+    """The warm-up stream (it caches the system prompt); CannotRunError if it fails."""
+    warm = await stream_one(client, model, texts.system, texts.warmup, max_tokens, -1)
+    if warm.error is not None:
+        raise CannotRunError(f"the warm-up request failed: {warm.error}")
+    return warm
+
+
+async def stream_at_once(
+    client, model: str, system: str, users: list[str], max_tokens: int
+) -> tuple[list[StreamResult], float]:
+    """One stream per user turn, all at once; (results, wall s from sending to the last end)."""
+    began = time.perf_counter()
+    results = await asyncio.gather(
+        *(
+            stream_one(client, model, system, user, max_tokens, index)
+            for index, user in enumerate(users)
+        )
+    )
+    ends = [r.ended for r in results if r.ended is not None]
+    return list(results), (max(ends) - began if ends else 0.0)
+
+
 async def drive_api(
     base_url: str, api_key: str, model: str, texts: Texts, max_tokens: int, timeout_s: float
 ) -> tuple[list[StreamResult], float, StreamResult]:
     """One warm-up stream, then one stream per user turn at once; (results, wall s, warm-up)."""
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(
-        base_url=f"{base_url}/v1", api_key=api_key, max_retries=0, timeout=timeout_s
-    ) as client:
-        warm = await stream_one(client, model, texts.system, texts.warmup, max_tokens, -1)
-        if warm.error is not None:
-            raise CannotRunError(f"the warm-up request failed: {warm.error}")
-        began = time.perf_counter()
-        results = await asyncio.gather(
-            *(
-                stream_one(client, model, texts.system, user, max_tokens, index)
-                for index, user in enumerate(texts.users)
-            )
-        )
-    ends = [r.ended for r in results if r.ended is not None]
-    return list(results), (max(ends) - began if ends else 0.0), warm
+    async with api_client(base_url, api_key, timeout_s) as client:
+        warm = await warm_up(client, model, texts, max_tokens)
+        results, wall_s = await stream_at_once(client, model, texts.system, texts.users, max_tokens)
+    return results, wall_s, warm
 
 
 def summarize_api(results: list[StreamResult], wall_s: float) -> dict:
@@ -416,6 +433,27 @@ def format_report(report: dict) -> str:
     return "\n".join(lines)
 
 
+# --- The command line ---
+
+
+def add_live_server_arguments(parser: argparse.ArgumentParser, *, request_timeout_s: float) -> None:
+    """--models-dir, --startup-timeout and --request-timeout: the options of every benchmark
+    that streams from a live server."""
+    parser.add_argument(
+        "--models-dir",
+        type=Path,
+        help="the models cache to reuse (default: $CACHET_DATA_DIR/models)",
+    )
+    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
+    parser.add_argument("--request-timeout", type=float, default=request_timeout_s, help="seconds")
+
+
+def quiet_http_logs() -> None:
+    """No log line per request from the clients' HTTP library."""
+    for name in ("httpx", "httpx2"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.api", description=__doc__.splitlines()[0]
@@ -424,20 +462,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="streams (default 32)")
     parser.add_argument("--max-tokens", type=int, default=64, help="output tokens (default 64)")
     parser.add_argument("--smoke", action="store_true", help="2 streams, 4 tokens, short prompts")
-    parser.add_argument(
-        "--models-dir",
-        type=Path,
-        help="the models cache to reuse (default: $CACHET_DATA_DIR/models)",
-    )
     parser.add_argument("--torch-threads", type=int, help="CACHET_TORCH_THREADS for both sides")
     parser.add_argument("--kv-cache-mb", type=int, help="CACHET_KV_CACHE_MB for both sides")
-    parser.add_argument("--startup-timeout", type=float, default=300.0, help="seconds")
-    parser.add_argument("--request-timeout", type=float, default=600.0, help="seconds")
+    add_live_server_arguments(parser, request_timeout_s=600.0)
     args = parser.parse_args(argv)
     if min(args.concurrency, args.max_tokens) < 1:
         parser.error("--concurrency and --max-tokens must be at least 1")
-    for name in ("httpx", "httpx2"):  # a log line per request otherwise
-        logging.getLogger(name).setLevel(logging.WARNING)
+    quiet_http_logs()
     return run_cli(
         lambda: run_bench(
             concurrency=args.concurrency,

@@ -212,6 +212,7 @@ def _api_key(username: str, key_name: str) -> tuple[int, str]:
 def _served_model(*, engine_config: bool) -> dict[str, Any]:
     """The served model's name and, if asked, the engine settings the server will load."""
     import dataclasses
+    from pathlib import PurePath
 
     from django.conf import settings
 
@@ -223,7 +224,9 @@ def _served_model(*, engine_config: bool) -> dict[str, Any]:
     if engine_config:
         config = engine_config_for(active)
         fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config)}
-        fields["model_dir"] = str(config.model_dir)
+        # NOTE: every directory (the model's, the draft's, the disk KV tier's) as a string: the
+        # spec's answer goes through JSON.
+        fields = {k: str(v) if isinstance(v, PurePath) else v for k, v in fields.items()}
         fields["dtype"] = str(config.dtype).removeprefix("torch.")
         served |= {"engine_config": fields, "torch_threads": settings.CACHET_TORCH_THREADS}
     return served
