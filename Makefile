@@ -31,6 +31,8 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 # The browser tests drive Debian's Chromium; installed here when missing (needs root and apt).
+# Their Chinese screenshots need a CJK font (fonts-noto-cjk; without one Chinese shows as empty
+# boxes): installed too where apt can, else a warning (the tests pass either way).
 browser:
 	@test -x /usr/bin/chromium || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
@@ -39,6 +41,15 @@ browser:
 		else \
 			echo "error: the browser tests need Chromium: sudo apt-get install chromium chromium-driver" >&2; \
 			exit 1; \
+		fi; \
+	}
+	@{ fc-list :lang=zh family 2>/dev/null | grep -q . \
+		|| test -e /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc; } || { \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq fonts-noto-cjk >/dev/null; \
+		else \
+			echo "warning: no CJK font, so the Chinese screenshots show empty boxes: sudo apt-get install fonts-noto-cjk" >&2; \
 		fi; \
 	}
 
