@@ -31,7 +31,8 @@ def document_json(document: Document) -> dict:
         "collection": {"id": document.collection_id, "name": document.collection.name},
         "status": document.status,
         "progress": document.progress,
-        "error": document.error,
+        # NOTE: in the request's language: English (as stored) unless it asks for another.
+        "error": document.get_error_display(),
         "size_bytes": document.size_bytes,
         "created_at": document.created_at.isoformat(),
     }

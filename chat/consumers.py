@@ -15,7 +15,6 @@ import logging
 
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from django.conf import settings
-from django.http import HttpRequest
 from django.utils import translation
 from django.utils.translation import gettext as _
 
@@ -24,6 +23,7 @@ from chat.errors import ChatError
 from chat.events import SourcesFound, TokenDelta, TurnDone, TurnEvent, TurnStarted
 from chat.store import check_content
 from chat.turn import TurnRequest, run_turn
+from chatsite.languages import language_of
 
 logger = logging.getLogger(__name__)
 
@@ -38,17 +38,6 @@ DISCONNECT_SAVE_TIMEOUT_S = 10.0
 def frame_size_limit() -> int:
     # NOTE: room for the content escaped as JSON (up to 6 bytes a character) plus the fields.
     return settings.CACHET_MAX_MESSAGE_CHARS * 6 + 4096
-
-
-def language_of(scope: dict) -> str:
-    """The language LocaleMiddleware chose for the page that opened this socket: the language
-    cookie (set_language), else the browser's Accept-Language, else LANGUAGE_CODE."""
-    request = HttpRequest()
-    request.COOKIES = scope.get("cookies", {})
-    for name, value in scope.get("headers", []):
-        if name == b"accept-language":
-            request.META["HTTP_ACCEPT_LANGUAGE"] = value.decode("latin-1")
-    return translation.get_language_from_request(request)
 
 
 def _conversation_json(conversation) -> dict:

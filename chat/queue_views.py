@@ -66,7 +66,7 @@ def retry_ingestion(request: HttpRequest, document_id: int) -> JsonResponse:
     with transaction.atomic():
         enqueue_ingest(document)
     if was_not_queued(document):
-        return error_response(503, "queue_unavailable", document.error)
+        return error_response(503, "queue_unavailable", document.get_error_display())
     document.refresh_from_db()
     return JsonResponse({"document": document_json(document)}, status=202)
 

@@ -64,8 +64,10 @@ class DocumentAdmin(admin.ModelAdmin[Document]):
     )  # fmt: skip
     list_filter = ("status", "collection")
     search_fields = ("title",)
+    # NOTE: the failure reason is shown in the viewer's language (`error_display`), not as stored.
+    exclude = ("error",)
     readonly_fields = (
-        "mime_type", "size_bytes", "content_hash", "status", "progress", "error",
+        "mime_type", "size_bytes", "content_hash", "status", "progress", "error_display",
         "created_by", "created_at", "updated_at",
     )  # fmt: skip
     actions = ("reingest_selected",)
@@ -86,9 +88,13 @@ class DocumentAdmin(admin.ModelAdmin[Document]):
             '<progress class="cachet-progress" data-document-id="{}" data-status="{}" max="100"'
             ' value="{}"></progress> <span data-progress-label="{}">{}</span>',
             document.pk, document.status, document.progress, document.pk,
-            f"{_('failed')}: {document.error}" if document.status == Document.Status.FAILED
-            else f"{document.progress}%",
+            f"{_('failed')}: {document.get_error_display()}"
+            if document.status == Document.Status.FAILED else f"{document.progress}%",
         )  # fmt: skip
+
+    @admin.display(description=gettext_lazy("error"))
+    def error_display(self, document: Document) -> str:
+        return document.get_error_display()
 
     @admin.display(description=gettext_lazy("size"), ordering="size_bytes")
     def size_display(self, document: Document) -> str:
@@ -175,8 +181,19 @@ class DocumentAdmin(admin.ModelAdmin[Document]):
             ids = [int(i) for i in request.GET.get("ids", "").split(",") if i.strip()][:500]
         except ValueError:
             return JsonResponse({"error": "ids must be comma-separated integers"}, status=400)
-        rows = Document.objects.filter(pk__in=ids).values("id", "status", "progress", "error")
-        return JsonResponse({"documents": list(rows)})
+        documents = Document.objects.filter(pk__in=ids).only(
+            "id", "status", "progress", "error", "error_reason"
+        )
+        rows = [
+            {
+                "id": document.pk,
+                "status": document.status,
+                "progress": document.progress,
+                "error": document.get_error_display(),
+            }
+            for document in documents
+        ]
+        return JsonResponse({"documents": rows})
 
 
 def _admin_user(request: HttpRequest) -> User:

@@ -1,7 +1,8 @@
 """Live ingestion progress over a WebSocket: `ws/documents/<id>/progress/`, staff only.
 
 The consumer joins the channel group `document.<id>` that `retrieval.progress.report` sends to,
-sends the document's current state on connect, then forwards every `document.progress` event.
+sends the document's current state on connect, then forwards every `document.progress` event,
+a failure's reason in the language of the page that opened the socket (`retrieval.reasons`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,12 @@ from asgiref.typing import (
 )
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
+from django.utils import translation
 from redis.exceptions import RedisError
 
+from chatsite.languages import language_of
+from retrieval import reasons
 from retrieval.models import Document
 from retrieval.progress import group_name
 
@@ -36,7 +41,11 @@ logger = logging.getLogger(__name__)
 
 @database_sync_to_async
 def _document_state(document_id: int) -> dict[str, Any] | None:
-    row = Document.objects.filter(pk=document_id).values("status", "progress", "error").first()
+    row = (
+        Document.objects.filter(pk=document_id)
+        .values("status", "progress", "error", "error_reason")
+        .first()
+    )
     if row is None:
         return None
     return {"document_id": document_id, **row}
@@ -44,6 +53,7 @@ def _document_state(document_id: int) -> dict[str, Any] | None:
 
 class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
     group: str | None = None
+    language: str = settings.LANGUAGE_CODE
 
     async def __call__(
         self, scope: Any, receive: ASGIReceiveCallable, send: ASGISendCallable
@@ -78,6 +88,7 @@ class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated or not user.is_active or not user.is_staff:
             await self.close(code=CLOSE_FORBIDDEN)
             return
+        self.language = language_of(self.scope)
         document_id = int(self.scope["url_route"]["kwargs"]["document_id"])
         state = await _document_state(document_id)
         if state is None:
@@ -86,7 +97,7 @@ class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
         self.group = group_name(document_id)
         await self.channel_layer.group_add(self.group, self.channel_name)
         await self.accept()
-        await self.send_json({"type": "document.progress", **state})
+        await self.document_progress(state)
 
     async def disconnect(self, code: int) -> None:
         if self.group is not None:
@@ -96,12 +107,14 @@ class DocumentProgressConsumer(AsyncJsonWebsocketConsumer):
         """The socket is one-way; anything a client sends is ignored."""
 
     async def document_progress(self, event: dict[str, Any]) -> None:
+        with translation.override(self.language):
+            error = reasons.display(event.get("error", ""), event.get("error_reason"))
         await self.send_json(
             {
                 "type": "document.progress",
                 "document_id": event["document_id"],
                 "status": event["status"],
                 "progress": event["progress"],
-                "error": event.get("error", ""),
+                "error": error,
             }
         )

@@ -24,6 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from django.utils.translation import gettext_noop
+
+from retrieval.reasons import Reason, Value
 from retrieval.text_encoding import UnknownEncodingError, decode_text, has_utf16_bom
 
 if TYPE_CHECKING:
@@ -55,7 +58,12 @@ HTML_CHARSET_PREFIX = 4096
 
 
 class ExtractionError(Exception):
-    """The file cannot be turned into text; the message is shown to the user as is."""
+    """The file cannot be turned into text, and why: `reason`, an English message id (marked with
+    `gettext_noop`) and its values, shown to each user in their language; str() is the English."""
+
+    def __init__(self, message: str, **params: Value) -> None:
+        self.reason = Reason(message, params)
+        super().__init__(self.reason.english())
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,8 +94,11 @@ class Deadline:
         """Raises once the time is up; also a pypdf operator visitor, hence the ignored args."""
         if time.monotonic() > self.at:
             raise ExtractionError(
-                f"Extracting the text took longer than {self.timeout_s:g} s; the file is too large "
-                "or too complex to index (split it, or raise CACHET_EXTRACT_TIMEOUT_S)."
+                gettext_noop(
+                    "Extracting the text took longer than %(seconds)s s; the file is too large "
+                    "or too complex to index (split it, or raise CACHET_EXTRACT_TIMEOUT_S)."
+                ),
+                seconds=f"{self.timeout_s:g}",
             )
 
 
@@ -113,12 +124,14 @@ def extract(data: bytes, filename: str, limits: Limits | None = None) -> list[Se
     if suffix not in SUFFIX_TO_MIME:
         supported = ", ".join(sorted({s.lstrip(".") for s in SUPPORTED_SUFFIXES}))
         raise ExtractionError(
-            f"Unsupported file type {suffix or '(none)'!r}; supported: {supported}."
+            gettext_noop("Unsupported file type %(suffix)s; supported: %(supported)s."),
+            suffix=repr(suffix or "(none)"),
+            supported=supported,
         )
     if not data:
-        raise ExtractionError("The file is empty.")
+        raise ExtractionError(gettext_noop("The file is empty."))
     if data.isspace():
-        raise ExtractionError("The file holds only blanks.")
+        raise ExtractionError(gettext_noop("The file holds only blanks."))
     mime = SUFFIX_TO_MIME[suffix]
     if mime == "text/plain":
         sections = _paragraph_sections(_decode(data))
@@ -132,17 +145,19 @@ def extract(data: bytes, filename: str, limits: Limits | None = None) -> list[Se
         sections = _docx_sections(data, limits, deadline)
     sections = [s for s in sections if s.text.strip()]
     if not sections:
-        raise ExtractionError("No text could be extracted (an empty or image-only document).")
+        raise ExtractionError(
+            gettext_noop("No text could be extracted (an empty or image-only document).")
+        )
     return sections
 
 
 def _decode(data: bytes) -> str:
     if b"\x00" in data[:4096] and not has_utf16_bom(data):
-        raise ExtractionError("The file looks binary, not text.")
+        raise ExtractionError(gettext_noop("The file looks binary, not text."))
     try:
         return decode_text(data)
     except UnknownEncodingError as error:
-        raise ExtractionError(str(error)) from None
+        raise ExtractionError(error.message) from None
 
 
 def _paragraph_sections(text: str, heading_path: list[str] | None = None) -> list[Section]:
@@ -285,7 +300,7 @@ def _html_sections(data: bytes, deadline: Deadline) -> list[Section]:
     from lxml import etree
 
     if b"\x00" in data[:4096]:
-        raise ExtractionError("The file looks binary, not HTML.")
+        raise ExtractionError(gettext_noop("The file looks binary, not HTML."))
     source: str | bytes
     try:
         source = data.decode("utf-8-sig")
@@ -302,7 +317,9 @@ def _html_sections(data: bytes, deadline: Deadline) -> list[Section]:
         sections: list[Section] = parser.close()
         return sections
     except etree.LxmlError as error:
-        raise ExtractionError(f"The HTML file is unreadable ({error}).") from None
+        raise ExtractionError(
+            gettext_noop("The HTML file is unreadable (%(error)s)."), error=str(error)
+        ) from None
 
 
 PDF_READER_ERRORS = (
@@ -324,12 +341,18 @@ def _pdf_sections(data: bytes, limits: Limits, deadline: Deadline) -> list[Secti
             except Exception:
                 opened = False
             if not opened:
-                raise ExtractionError("The PDF is encrypted with a password; upload it unlocked.")
+                raise ExtractionError(
+                    gettext_noop("The PDF is encrypted with a password; upload it unlocked.")
+                )
         num_pages = len(reader.pages)
         if num_pages > limits.max_pdf_pages:
             raise ExtractionError(
-                f"The PDF has {num_pages} pages, more than the {limits.max_pdf_pages} pages a "
-                "document may have (CACHET_MAX_PDF_PAGES); split it."
+                gettext_noop(
+                    "The PDF has %(pages)s pages, more than the %(limit)s pages a "
+                    "document may have (CACHET_MAX_PDF_PAGES); split it."
+                ),
+                pages=num_pages,
+                limit=limits.max_pdf_pages,
             )
         sections = []
         for number, page in enumerate(reader.pages, start=1):
@@ -345,12 +368,17 @@ def _pdf_sections(data: bytes, limits: Limits, deadline: Deadline) -> list[Secti
     except LimitReachedError as error:
         logger.info("pdf beyond pypdf's limits: %s", error)
         raise ExtractionError(
-            f"The PDF exceeds a safety limit of the PDF reader ({error}); it may be malformed "
-            "or built to exhaust the server."
+            gettext_noop(
+                "The PDF exceeds a safety limit of the PDF reader (%(error)s); it may be "
+                "malformed or built to exhaust the server."
+            ),
+            error=str(error),
         ) from None
     except (PyPdfError, *PDF_READER_ERRORS) as error:
         logger.info("unreadable pdf: %r", error)
-        raise ExtractionError(f"The PDF is corrupt or unreadable ({error}).") from None
+        raise ExtractionError(
+            gettext_noop("The PDF is corrupt or unreadable (%(error)s)."), error=str(error)
+        ) from None
 
 
 def _check_docx_size(data: bytes, limits: Limits) -> None:
@@ -362,19 +390,29 @@ def _check_docx_size(data: bytes, limits: Limits) -> None:
     # NOTE: counts central-directory signatures before zipfile parses every entry into memory.
     if data.count(b"PK\x01\x02") > MAX_DOCX_PARTS:
         raise ExtractionError(
-            f"The Word file has more than {MAX_DOCX_PARTS} parts; it is not a real document."
+            gettext_noop("The Word file has more than %(limit)s parts; it is not a real document."),
+            limit=MAX_DOCX_PARTS,
         )
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             unpacked = sum(info.file_size for info in archive.infolist())
     except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as error:
-        raise ExtractionError(f"The Word file is corrupt or not a .docx file ({error}).") from None
+        raise _not_docx(error) from None
     if unpacked > limits.max_unpacked_bytes:
         raise ExtractionError(
-            f"The Word file unpacks to {unpacked / MB:.0f} MB, more than the "
-            f"{limits.max_unpacked_bytes / MB:.0f} MB a document may unpack to "
-            "(CACHET_MAX_UNPACKED_MB); it may be a zip bomb."
+            gettext_noop(
+                "The Word file unpacks to %(size)s MB, more than the %(limit)s MB a document may "
+                "unpack to (CACHET_MAX_UNPACKED_MB); it may be a zip bomb."
+            ),
+            size=f"{unpacked / MB:.0f}",
+            limit=f"{limits.max_unpacked_bytes / MB:.0f}",
         )
+
+
+def _not_docx(error: Exception) -> ExtractionError:
+    return ExtractionError(
+        gettext_noop("The Word file is corrupt or not a .docx file (%(error)s)."), error=str(error)
+    )
 
 
 def _docx_sections(data: bytes, limits: Limits, deadline: Deadline) -> list[Section]:
@@ -393,7 +431,7 @@ def _docx_sections(data: bytes, limits: Limits, deadline: Deadline) -> list[Sect
         AttributeError, TypeError, IndexError, NotImplementedError, RecursionError,
     ) as error:  # fmt: skip
         logger.info("unreadable docx: %r", error)
-        raise ExtractionError(f"The Word file is corrupt or not a .docx file ({error}).") from None
+        raise _not_docx(error) from None
 
 
 def _docx_document_sections(document: DocxDocumentType, deadline: Deadline) -> list[Section]:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from django.utils.translation import gettext_noop
 
 from retrieval.cancellation import IngestionCancelled, advance, discard
 from retrieval.chunking import ChunkDraft, chunk_sections
@@ -25,6 +26,7 @@ from retrieval.ingestion_lock import ingestion_lock
 from retrieval.models import Chunk, Document
 from retrieval.postings import StatsDeltas, delete_chunks, index_chunks
 from retrieval.progress import publish, report
+from retrieval.reasons import Reason
 from retrieval.search import Retriever, get_retriever
 
 logger = logging.getLogger(__name__)
@@ -46,15 +48,16 @@ def prepare(document: Document, retriever: Retriever) -> Prepared:
     """Read, check, extract and chunk; raises ExtractionError with a readable reason."""
     name = document.file.name
     if not name:
-        raise ExtractionError("The document has no file.")
+        raise ExtractionError(gettext_noop("The document has no file."))
     try:
         with document.file.open("rb") as handle:
             data = handle.read(max_upload_bytes() + 1)
     except FileNotFoundError:
-        raise ExtractionError("The uploaded file is missing from storage.") from None
+        raise ExtractionError(gettext_noop("The uploaded file is missing from storage.")) from None
     if len(data) > max_upload_bytes():
         raise ExtractionError(
-            f"The file is larger than the upload limit of {settings.CACHET_MAX_UPLOAD_MB} MB."
+            gettext_noop("The file is larger than the upload limit of %(limit)s MB."),
+            limit=settings.CACHET_MAX_UPLOAD_MB,
         )
     document.size_bytes = len(data)
     document.content_hash = hashlib.sha256(data).hexdigest()
@@ -104,7 +107,7 @@ def store(prepared: Prepared) -> tuple[list[int], list[int]]:
         is_ready = (
             Document.objects.filter(pk=document.pk)
             .exclude(status=Status.CANCELLED)
-            .update(status=Status.READY, progress=100, error="")
+            .update(status=Status.READY, progress=100, error="", error_reason={})
         )
         if not is_ready:
             raise IngestionCancelled(document.pk)  # rolls the chunks back
@@ -127,21 +130,27 @@ def embed(
     return np.concatenate(parts)
 
 
-def fail(document: Document, reason: str) -> None:
-    """Mark failed and drop any chunks and vectors an earlier run left.
+def fail(document: Document, reason: Reason | str) -> None:
+    """Mark failed, saying why (`retrieval.reasons`; a str is a message without values), and drop
+    any chunks and vectors an earlier run left.
 
     A document cancelled meanwhile stays cancelled: staff stopped it, whatever went wrong after.
     """
     old_ids = delete_chunks(Chunk.objects.filter(document=document))
+    if isinstance(reason, str):
+        reason = Reason(reason)
+    error, error_reason = reason.english(), reason.as_json()
     has_failed = (
         Document.objects.filter(pk=document.pk)
         .exclude(status=Status.CANCELLED)
-        .update(status=Status.FAILED, progress=0, error=reason)
+        .update(status=Status.FAILED, progress=0, error=error, error_reason=error_reason)
     )
     if has_failed:
-        document.status, document.progress, document.error = Status.FAILED, 0, reason
+        document.status, document.progress = Status.FAILED, 0
+        document.error, document.error_reason = error, error_reason
     else:
-        document.status, document.progress, document.error = Status.CANCELLED, 0, ""
+        document.status, document.progress = Status.CANCELLED, 0
+        document.error, document.error_reason = "", {}
     publish(document)
     if old_ids:
         get_retriever().vectors.remove(old_ids)
@@ -202,7 +211,7 @@ def _run(document: Document, retriever: Retriever) -> Document:
         prepared = prepare(document, retriever)
     except ExtractionError as error:
         logger.info("document %s failed: %s", document_id, error)
-        fail(document, str(error))
+        fail(document, error.reason)
         return document
     advance(document, 10)
     last = [10]

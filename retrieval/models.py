@@ -8,6 +8,8 @@ from django.db import models
 from django.db.models import Q, QuerySet
 from django.utils.translation import gettext_lazy as _
 
+from retrieval import reasons
+
 
 class Collection(models.Model):
     """A knowledge base. Staff manage it; `readers` and `reader_groups` may search it."""
@@ -73,7 +75,10 @@ class Document(models.Model):
         _("status"), max_length=12, choices=Status.choices, default=Status.QUEUED, db_index=True
     )
     progress = models.PositiveSmallIntegerField(_("progress"), default=0)
+    # Why it failed: `error` in English (API clients read it), `error_reason` the same in no
+    # language (`retrieval.reasons`), shown in each viewer's by `get_error_display`.
     error = models.TextField(_("error"), blank=True)
+    error_reason = models.JSONField(_("error reason"), default=dict, blank=True, editable=False)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,
@@ -91,6 +96,10 @@ class Document(models.Model):
 
     def __str__(self) -> str:
         return self.title
+
+    def get_error_display(self) -> str:
+        """Why it failed, in the active language ("" unless it failed)."""
+        return reasons.display(self.error, self.error_reason)
 
 
 class Chunk(models.Model):

@@ -1,7 +1,8 @@
 """Ingestion progress: saved on the Document row and pushed to the channel group `document.<id>`.
 
 A browser (the admin's upload list, the chat UI) subscribed to that group gets messages of type
-`document.progress` with `document_id`, `status`, `progress` (0-100) and `error`.
+`document.progress` with `document_id`, `status`, `progress` (0-100), `error` (English) and
+`error_reason` (the same in no language, `retrieval.reasons`: the consumer shows it in its page's).
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ def group_name(document_id: int) -> str:
 def report(document: Document, status: str, progress: int, error: str = "") -> None:
     document.status = status
     document.progress = max(0, min(100, progress))
-    document.error = error
+    document.error, document.error_reason = error, {}
     Document.objects.filter(pk=document.pk).update(
-        status=document.status, progress=document.progress, error=error
+        status=document.status, progress=document.progress, error=error, error_reason={}
     )
     publish(document)
 
@@ -41,6 +42,7 @@ def publish(document: Document) -> None:
         "status": document.status,
         "progress": document.progress,
         "error": document.error,
+        "error_reason": document.error_reason,
     }
     try:
         async_to_sync(layer.group_send)(group_name(document.pk), message)

@@ -11,10 +11,12 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import UploadedFile
 from django.db import OperationalError, transaction
+from django.utils.translation import gettext, gettext_noop
 from kombu.exceptions import OperationalError as BrokerError
 
 from retrieval.ingest import fail, ingest
 from retrieval.models import Collection, Document
+from retrieval.reasons import Reason
 from retrieval.search import get_retriever
 
 logger = logging.getLogger(__name__)
@@ -25,6 +27,10 @@ SOFT_TIME_LIMIT_S = 30 * 60
 MAX_RETRIES = 3
 # The start of a document's error when its ingestion could not be queued (see `was_not_queued`).
 NOT_QUEUED = "Could not queue the ingestion"
+NOT_QUEUED_REASON = gettext_noop(
+    "Could not queue the ingestion: the task broker is unreachable (%(error)s). "
+    "Re-ingest the document once it is back."
+)
 
 # What `ingest_document` returns: the document's id, its final status, and its error if failed.
 TaskResult = dict[str, int | str]
@@ -46,26 +52,42 @@ def ingest_document(self: Task[[int], TaskResult], document_id: int) -> TaskResu
         document = ingest(document_id, get_retriever(), skip_if_ingested=True)
     except TRANSIENT_ERRORS as error:
         if self.request.retries >= MAX_RETRIES:
-            _fail_quietly(document_id, f"Gave up after {MAX_RETRIES} retries: {error}")
+            _fail_quietly(
+                document_id,
+                Reason(
+                    gettext_noop("Gave up after %(retries)s retries: %(error)s"),
+                    {"retries": MAX_RETRIES, "error": str(error)},
+                ),
+            )
             raise
         logger.warning("ingesting document %s hit %s; retrying", document_id, error)
         raise self.retry(exc=error, countdown=2 ** (self.request.retries + 1)) from error
     except SoftTimeLimitExceeded:
-        _fail_quietly(document_id, f"Ingestion took longer than {SOFT_TIME_LIMIT_S // 60} minutes.")
+        _fail_quietly(
+            document_id,
+            Reason(
+                gettext_noop("Ingestion took longer than %(minutes)s minutes."),
+                {"minutes": SOFT_TIME_LIMIT_S // 60},
+            ),
+        )
         raise
     except Exception as error:
         # NOTE: one bad file must not take down the worker or other documents; record why.
         logger.exception("ingesting document %s failed", document_id)
         document = Document.objects.filter(pk=document_id).first()
         if document is not None:
-            fail(document, f"Internal error while ingesting: {type(error).__name__}: {error}")
+            reason = Reason(
+                gettext_noop("Internal error while ingesting: %(type)s: %(error)s"),
+                {"type": type(error).__name__, "error": str(error)},
+            )
+            fail(document, reason)
         raise
     if document is None:
         return {"document_id": document_id, "status": "deleted"}
     return {"document_id": document_id, "status": document.status, "error": document.error}
 
 
-def _fail_quietly(document_id: int, reason: str) -> None:
+def _fail_quietly(document_id: int, reason: Reason) -> None:
     try:
         document = Document.objects.filter(pk=document_id).first()
         if document is not None:
@@ -77,9 +99,10 @@ def _fail_quietly(document_id: int, reason: str) -> None:
 def enqueue_ingest(document: Document) -> None:
     """Queue the document for ingestion once the surrounding transaction commits."""
     Document.objects.filter(pk=document.pk).update(
-        status=Document.Status.QUEUED, progress=0, error=""
+        status=Document.Status.QUEUED, progress=0, error="", error_reason={}
     )
-    document.status, document.progress, document.error = Document.Status.QUEUED, 0, ""
+    document.status, document.progress = Document.Status.QUEUED, 0
+    document.error, document.error_reason = "", {}
     document_id = document.pk
     transaction.on_commit(lambda: _publish(document_id))
 
@@ -93,13 +116,13 @@ def _publish(document_id: int) -> None:
     except BrokerError as error:
         # NOTE: not raised: the upload is saved, and other documents of the same transaction
         # must still be queued. The document says why; callers answer with a clear error.
-        reason = (
-            f"{NOT_QUEUED}: the task broker is unreachable ({error}). "
-            "Re-ingest the document once it is back."
-        )
-        logger.warning("document %s: %s", document_id, reason)
+        reason = Reason(NOT_QUEUED_REASON, {"error": str(error)})
+        logger.warning("document %s: %s", document_id, reason.english())
         Document.objects.filter(pk=document_id).update(
-            status=Document.Status.FAILED, progress=0, error=reason
+            status=Document.Status.FAILED,
+            progress=0,
+            error=reason.english(),
+            error_reason=reason.as_json(),
         )
     except Exception:
         if not settings.CELERY_TASK_ALWAYS_EAGER:
@@ -112,12 +135,13 @@ def _publish(document_id: int) -> None:
 
 def was_not_queued(document: Document) -> bool:
     """After the upload's transaction: True if the broker refused its ingestion task."""
-    document.refresh_from_db(fields=["status", "progress", "error"])
+    document.refresh_from_db(fields=["status", "progress", "error", "error_reason"])
     return document.status == Document.Status.FAILED and document.error.startswith(NOT_QUEUED)
 
 
 def drop_unqueued(documents: list[Document]) -> str | None:
-    """Delete the uploads whose ingestion the broker refused; a message saying why, or None.
+    """Delete the uploads whose ingestion the broker refused; a message saying why (in the active
+    language), or None.
 
     For the upload endpoints, which then answer 503: the client tries again later, with no
     half-made document left behind.
@@ -127,8 +151,11 @@ def drop_unqueued(documents: list[Document]) -> str | None:
         return None
     for document in unqueued:
         document.delete()
-    detail = unqueued[0].error.removeprefix(f"{NOT_QUEUED}: ").split(" Re-ingest")[0]
-    return f"The upload was not kept: {detail} Try again shortly."
+    reason = Reason.from_json(unqueued[0].error_reason)
+    broker_error = str(reason.params.get("error", "")) if reason is not None else ""
+    return gettext(
+        "The upload was not kept: the task broker is unreachable (%(error)s). Try again shortly."
+    ) % {"error": broker_error}
 
 
 def add_upload(collection: Collection, upload: UploadedFile[bytes], user: User | None) -> Document:

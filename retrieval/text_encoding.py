@@ -19,6 +19,7 @@ import math
 
 import charset_normalizer
 import zhconv
+from django.utils.translation import gettext_noop
 
 from retrieval.analyzer import chinese_segmenter
 
@@ -32,7 +33,16 @@ BOMS = (
 
 
 class UnknownEncodingError(ValueError):
-    """The bytes read as none of the encodings tried."""
+    """The bytes read as none of the encodings tried; `message` says so in English, marked for
+    translation (the upload's failure reason, shown in each user's language)."""
+
+    message = gettext_noop(
+        "The text's encoding could not be recognised (tried UTF-8, GB18030, Big5, "
+        "Shift-JIS, EUC-KR, Windows-1252); save the file as UTF-8 and upload it again."
+    )
+
+    def __init__(self) -> None:
+        super().__init__(self.message)
 
 
 def has_utf16_bom(data: bytes) -> bool:
@@ -54,10 +64,7 @@ def decode_text(data: bytes) -> str:
         pass
     best = charset_normalizer.from_bytes(data, cp_isolation=list(CANDIDATES)).best()
     if best is None:
-        raise UnknownEncodingError(
-            "The text's encoding could not be recognised (tried UTF-8, GB18030, Big5, "
-            "Shift-JIS, EUC-KR, Windows-1252); save the file as UTF-8 and upload it again."
-        )
+        raise UnknownEncodingError()
     if best.encoding in CHINESE_ENCODINGS:
         return _likeliest_chinese(data)
     return str(best)

@@ -172,3 +172,26 @@ def test_a_logged_in_session_without_a_key_is_refused(hr):
     assert response.status_code == 401
     assert client.get("/v1/documents").status_code == 401
     assert not Document.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the upload's commit runs the in-process task
+def test_a_failure_reason_stays_english_for_api_clients_unless_they_ask_for_chinese(retriever):
+    staff = client_for(User.objects.create_user("staff", is_staff=True))
+    hr = Collection.objects.create(name="HR")
+    upload = SimpleUploadedFile("bomb.docx", bad.docx_bomb(300))
+    response = staff.post("/v1/documents", {"file": upload, "collection": hr.pk})
+    assert response.status_code == 201, response.content
+    path = f"/v1/documents/{response.json()['id']}"
+    english = staff.get(path).json()
+    assert english["status"] == "failed"
+    assert english["error"] == (
+        "The Word file unpacks to 301 MB, more than the 100 MB a document may unpack to "
+        "(CACHET_MAX_UNPACKED_MB); it may be a zip bomb."
+    )
+    chinese = staff.get(path, headers={"accept-language": "zh-CN"}).json()
+    assert chinese["error"] == (
+        "该 Word 文件解压后为 301 MB，超过了单个文档解压后 100 MB 的上限"  # noqa: RUF001
+        "（CACHET_MAX_UNPACKED_MB）；它可能是 zip 炸弹。"  # noqa: RUF001
+    )
+    listed = staff.get("/v1/documents", headers={"accept-language": "zh-hans"}).json()
+    assert listed["data"][0]["error"] == chinese["error"]

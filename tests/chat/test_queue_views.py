@@ -195,3 +195,57 @@ def test_retry_of_a_document_whose_file_is_gone_says_so(staff_client):
     Document.objects.filter(pk=document.pk).update(status="cancelled")
     response = staff_client.post(f"/chat/api/documents/{document.pk}/retry/")
     assert response.status_code == 409 and response.json()["error"]["code"] == "file_missing"
+
+
+# ---- failure reasons in the language of the page ----
+
+QUEUE = "/chat/api/documents/queue/"
+# Bytes that read as no known text encoding (retrieval.text_encoding refuses them).
+NO_KNOWN_ENCODING = bytes(range(0x80, 0x100)) * 8
+ENCODING_EN = (
+    "The text's encoding could not be recognised (tried UTF-8, GB18030, Big5, Shift-JIS, EUC-KR, "
+    "Windows-1252); save the file as UTF-8 and upload it again."
+)
+ENCODING_ZH = (
+    "无法识别文本的编码（已尝试 UTF-8、GB18030、Big5、Shift-JIS、EUC-KR、Windows-1252）；"  # noqa: RUF001
+    "请将文件另存为 UTF-8 后重新上传。"
+)
+
+
+@pytest.mark.django_db(transaction=True)  # the upload's commit runs the in-process ingestion
+def test_a_failed_uploads_reason_is_stored_once_and_shown_in_each_viewers_language(
+    retriever, settings, tmp_path
+):
+    settings.MEDIA_ROOT = tmp_path / "media"
+    carol = Client()
+    carol.force_login(User.objects.create_user("carol", is_staff=True))
+    collection = Collection.objects.create(name="HR")
+    upload = SimpleUploadedFile("notes.txt", NO_KNOWN_ENCODING)
+    response = carol.post(
+        "/chat/api/documents/bulk/", {"collection": collection.pk, "file": upload}
+    )
+    assert response.status_code == 201, response.content
+    document = Document.objects.get(title="notes.txt")
+    assert document.status == "failed"
+    # Stored in no language: the message id and its values; `error` keeps the English.
+    assert document.error == ENCODING_EN
+    assert document.error_reason == {"message": ENCODING_EN, "params": {}}
+    chinese = carol.get(QUEUE, headers={"accept-language": "zh-CN,zh;q=0.9"}).json()
+    assert chinese["documents"][0]["error"] == ENCODING_ZH
+    english = carol.get(QUEUE, headers={"accept-language": "en-US"}).json()
+    assert english["documents"][0]["error"] == ENCODING_EN
+    carol.post("/i18n/setlang/", {"language": "zh-hans"})  # the page's language switch
+    switched = carol.get(QUEUE, headers={"accept-language": "en-US"}).json()
+    assert switched["documents"][0]["error"] == ENCODING_ZH
+
+
+def test_a_reason_stored_before_reasons_had_no_language_is_still_shown(staff_client):
+    collection = Collection.objects.create(name="HR")
+    known = add_document(collection, "a.md", "")
+    unknown = add_document(collection, "b.md", "b")
+    # Rows failed by an older release: English text, no message id.
+    Document.objects.filter(pk=known.pk).update(status="failed", error="The file is empty.")
+    Document.objects.filter(pk=unknown.pk).update(status="failed", error="Disk on fire (EIO).")
+    rows = staff_client.get(QUEUE, headers={"accept-language": "zh-hans"}).json()["documents"]
+    errors = {row["title"]: row["error"] for row in rows}
+    assert errors == {"a.md": "文件是空的。", "b.md": "Disk on fire (EIO)."}

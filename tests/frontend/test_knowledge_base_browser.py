@@ -276,9 +276,28 @@ REMOVE_WRITTEN = """() => {
 }"""
 
 
-def test_in_chinese_the_staff_tools_and_the_queue_have_no_english_left(server, log_in) -> None:
+def test_in_chinese_the_staff_tools_and_the_queue_have_no_english_left(
+    server, log_in, tmp_path
+) -> None:
+    server.shell(  # run alone: the first test made no collection
+        "from retrieval.models import Collection\n"
+        "if not Collection.objects.exists(): Collection.objects.create(name='General')"
+    )
     page = log_in("carol", "carol-secret-pw", locale="zh-CN", viewport=DESKTOP)
     open_upload_panel(page)
+    # An upload that fails: the queue says why in Chinese too (stored in no language).
+    blank = tmp_path / "blank.txt"
+    blank.write_text("   \n\n   \n")
+    page.set_input_files("#bulk-files", str(blank))
+    page.click("#bulk-button")
+    failed = page.locator(
+        '.queue-item[data-status="failed"]', has=page.locator('.queue-title:text-is("blank.txt")')
+    )
+    failed.wait_for(timeout=TIMEOUT_MS)
+    status = failed.locator(".queue-status").inner_text()
+    assert status == "失败：文件中只有空白字符。", status  # noqa: RUF001
+    page.click("#queue-close")
+    page.wait_for_selector("#ingestion-queue", state="hidden")
     page.select_option("#upload-collection", value="new")
     page.wait_for_selector("#new-collection:not([hidden])")
     page.click("#queue-open")

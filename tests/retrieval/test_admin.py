@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.files.base import ContentFile
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
+from retrieval.ingest import ingest
 from retrieval.models import Chunk, Collection, Document
 from tests.documents import HANDBOOK, KITCHEN
 
@@ -141,3 +143,30 @@ def test_the_search_preview_shows_the_top_k_chunks_with_scores(
     page = response.content.decode()
     assert page.count('class="search-hit"') == 1
     assert f"{hits[0].score:.4f}" in page and "thirty days" in page
+
+
+def test_the_admin_shows_a_failure_reason_in_the_language_of_its_page(
+    admin_client, retriever, settings, tmp_path
+) -> None:
+    settings.MEDIA_ROOT = tmp_path
+    collection = Collection.objects.create(name="hr")
+    document = Document.objects.create(
+        collection=collection, title="huge.txt", file=ContentFile(b"x" * 2048, name="huge.txt")
+    )
+    settings.CACHET_MAX_UPLOAD_MB = 0  # beyond the upload limit: ingestion fails with a value
+    ingest(document.pk, retriever)
+    document.refresh_from_db()
+    assert document.error == "The file is larger than the upload limit of 0 MB."
+    chinese = "文件超过了 0 MB 的上传上限。"
+    pages = {
+        "changelist": CHANGELIST,
+        "change form": reverse("admin:retrieval_document_change", args=[document.pk]),
+    }
+    for page, url in pages.items():
+        html = admin_client.get(url, headers={"accept-language": "zh-hans"}).content.decode()
+        assert chinese in html, page
+        assert "upload limit" not in html, page
+    rows = admin_client.get(PROGRESS, {"ids": document.pk}, headers={"accept-language": "zh-hans"})
+    assert rows.json()["documents"][0]["error"] == chinese
+    english = admin_client.get(PROGRESS, {"ids": document.pk}, headers={"accept-language": "en"})
+    assert english.json()["documents"][0]["error"] == document.error

@@ -7,6 +7,8 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 
 from retrieval.consumers import CLOSE_FORBIDDEN, CLOSE_NOT_FOUND
+from retrieval.extract import ExtractionError, extract
+from retrieval.ingest import fail
 from retrieval.models import Collection, Document
 from retrieval.progress import group_name
 from tests.websocket_helpers import communicator, make_user
@@ -102,3 +104,41 @@ async def test_an_unknown_document_is_refused() -> None:
         assert not connected and code == CLOSE_NOT_FOUND
     finally:
         await ws.disconnect()
+
+
+@database_sync_to_async
+def fail_unreadable(document: Document) -> None:
+    """Fails `document` as ingestion does for a text in no known encoding."""
+    try:
+        extract(bytes(range(0x80, 0x100)) * 8, "notes.txt")
+    except ExtractionError as error:
+        fail(document, error.reason)
+
+
+@pytest.mark.parametrize(
+    ("browser", "reason"),
+    [
+        ({"accept_language": "zh-CN,zh;q=0.9"}, "无法识别文本的编码"),
+        ({"accept_language": "zh-CN", "cookies": {"django_language": "en"}}, "The text's encoding"),
+    ],
+    ids=["chinese", "switched-to-english"],
+)
+async def test_a_failure_reason_comes_in_the_language_of_the_page(browser, reason) -> None:
+    document = await make_document()
+    staff = await make_user("staff", is_staff=True)
+    ws = await communicator(f"/ws/documents/{document.pk}/progress/", staff, **browser)
+    try:
+        assert (await ws.connect())[0]
+        await ws.receive_json_from()
+        await fail_unreadable(document)  # live: the event of the failure
+        message = await ws.receive_json_from(timeout=5)
+        assert message["status"] == "failed" and message["error"].startswith(reason), message
+    finally:
+        await ws.disconnect()
+    again = await communicator(f"/ws/documents/{document.pk}/progress/", staff, **browser)
+    try:
+        assert (await again.connect())[0]  # later: the state sent on connect
+        message = await again.receive_json_from()
+        assert message["status"] == "failed" and message["error"].startswith(reason), message
+    finally:
+        await again.disconnect()

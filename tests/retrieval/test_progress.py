@@ -28,6 +28,7 @@ def test_a_report_is_saved_and_reaches_the_document_group(settings, tmp_path) ->
         "status": "processing",
         "progress": 40,
         "error": "",
+        "error_reason": {},
     }
     document.refresh_from_db()
     assert (document.status, document.progress) == ("processing", 40)
