@@ -1,4 +1,4 @@
-"""Dense prefill weights against dequantizing: one model's prefill-sized steps, side by side.
+"""Prefill weights side by side: dequantizing, dense copies and int8 GEMM codes.
 
 Loads the model once with its quantized weights (the GGUF's own int4/int8 layers), fills its KV
 cache with a `--tokens` prompt, then times, interleaved round by round on the same runner:
@@ -7,11 +7,14 @@ cache with a `--tokens` prompt, then times, interleaved round by round on the sa
 - a **scattered** step of a quarter of them at positions spread over the prompt (what a chunk-KV
   reuse blend computes: core/chunk_reuse.py);
 
-each through the quantized layers as they run without dense weights (int4 kernel up to its token
-limit, else dequantize + GEMM) and through dense copies of their weights
-(`ModelRunner._keep_dense_prefill_weights`: one GEMM). After a first untimed pass, reports the
-median of `--rounds` per case, the speedups, and the dense copies' size and build time. Random
-token ids: the cost of a step does not depend on which tokens they are.
+each through the quantized layers as they run without copies (int4 kernel up to its token
+limit, else dequantize + GEMM), through dense copies of their weights (one GEMM in the model
+dtype) and through int8 codes of them (layers/int8_gemm.py: one integer GEMM), as
+`EngineConfig.prefill_weights` "quantized" / "dense" / "int8" keep them. After a first untimed
+pass, reports the median of `--rounds` per case, the speedups over "quantized", each copy's size
+and build time, and each setting's perplexity on `--perplexity-tokens` of tests/data's SQuAD
+passages (windows of 1,024, chunks of 256 tokens: the copies' path), the quality price. Random
+token ids for the timed steps: the cost of a step does not depend on which tokens they are.
 
     python -m bench.prefill_weights                    # the default model, 768 tokens, 3 rounds
     python -m bench.prefill_weights --smoke            # the bundled model, 64 tokens, 1 round
@@ -30,15 +33,22 @@ from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_c
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 CASES = ("prefill", "scattered")
+SETTINGS = ("quantized", "dense", "int8")
+COPIES = SETTINGS[1:]
+QUALITY_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "squad_passages.txt"
+PERPLEXITY_WINDOW, PERPLEXITY_CHUNK = 1024, 256
 
 
-def run_benchmark(model: str, models_dir: Path, num_tokens: int, rounds: int) -> dict:
+def run_benchmark(
+    model: str, models_dir: Path, num_tokens: int, rounds: int, perplexity_tokens: int
+) -> dict:
     import torch
 
+    from bench.perplexity import perplexity
     from inference.engine import BatchEntry, EngineConfig, ModelRunner
-    from inference.engine.kernels import has_amx
+    from inference.engine.kernels import has_amx, has_int8_dot_products
     from inference.engine.layers.quantization import dense_weight_layers
-    from inference.engine.model_runner import dense_kernel_token_limit
+    from inference.engine.model_runner import INT8_GEMM_KERNEL_TOKENS, dense_kernel_token_limit
     from inference.model_files import ModelSourceError, resolve_chat_model
 
     try:
@@ -47,26 +57,34 @@ def run_benchmark(model: str, models_dir: Path, num_tokens: int, rounds: int) ->
         raise CannotRunError(f"model {model}: {error}") from None
     config = EngineConfig(
         model_dir=resolved.directory,
-        max_model_len=max(num_tokens, 64),
-        kv_cache_mb=max(64, num_tokens // 8),
+        max_model_len=max(num_tokens, PERPLEXITY_WINDOW),
+        kv_cache_mb=max(64, max(num_tokens, PERPLEXITY_WINDOW) // 8),
         prefill_weights="quantized",
     )
     runner = ModelRunner(config)
     layers = dense_weight_layers(runner.model, skip=(runner.model.lm_head,))
     if not layers:
         raise CannotRunError(f"{model} has no quantized layers: nothing to compare")
-    quantized_limits = [layer.max_kernel_tokens for layer in layers]
-    started = time.perf_counter()
-    dense_limit = dense_kernel_token_limit()
-    dense_bytes = sum(layer.keep_dense_weight(dense_limit) for layer in layers)
-    build_s = time.perf_counter() - started
-    dense_weights = [layer.dense_weight_t for layer in layers]
+    limits = {"quantized": [layer.max_kernel_tokens for layer in layers]}
+    copy_bytes, build_s = {}, {}
+    for setting, limit in (
+        ("dense", dense_kernel_token_limit()),
+        ("int8", INT8_GEMM_KERNEL_TOKENS),
+    ):
+        started = time.perf_counter()
+        keep = "keep_dense_weight" if setting == "dense" else "keep_int8_gemm_weight"
+        copy_bytes[setting] = sum(getattr(layer, keep)(limit) for layer in layers)
+        build_s[setting] = time.perf_counter() - started
+        limits[setting] = [limit] * len(layers)
+        for layer, quantized_limit in zip(layers, limits["quantized"], strict=True):
+            layer.max_kernel_tokens = quantized_limit
+    copies = [(layer.dense_weight_t, layer.int8_gemm_weight) for layer in layers]
 
     def use(setting: str) -> None:
-        for layer, limit, weight in zip(layers, quantized_limits, dense_weights, strict=True):
-            is_dense = setting == "dense"
-            layer.dense_weight_t = weight if is_dense else None
-            layer.max_kernel_tokens = dense_limit if is_dense else limit
+        for layer, limit, (dense, codes) in zip(layers, limits[setting], copies, strict=True):
+            layer.dense_weight_t = dense if setting == "dense" else None
+            layer.int8_gemm_weight = codes if setting == "int8" else None
+            layer.max_kernel_tokens = limit
 
     rng = random.Random(0)
     tokens = [rng.randrange(100, 10_000) for _ in range(num_tokens)]
@@ -81,55 +99,89 @@ def run_benchmark(model: str, models_dir: Path, num_tokens: int, rounds: int) ->
         ),
     }
     for case in CASES:  # NOTE: untimed: oneDNN prepares each GEMM shape on its first call
-        for setting in ("quantized", "dense"):
+        for setting in SETTINGS:
             use(setting)
             runner.execute([entries[case]])
     seconds: dict[str, list[float]] = {}
     for _ in range(rounds):
         for case in CASES:
-            for setting in ("quantized", "dense"):
+            for setting in SETTINGS:
                 use(setting)
                 began = time.perf_counter()
                 runner.execute([entries[case]])
                 seconds.setdefault(f"{case}/{setting}", []).append(time.perf_counter() - began)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
+    text_ids = runner_tokenizer(resolved.directory)(QUALITY_TEXT.read_text())["input_ids"]
+    text_ids = text_ids[:perplexity_tokens]
+    perplexities = {}
+    for setting in SETTINGS:
+        use(setting)
+        perplexities[setting] = rounded(
+            perplexity(runner, text_ids, window=PERPLEXITY_WINDOW, chunk=PERPLEXITY_CHUNK), 4
+        )
     return {
         "model": model,
         "dtype": str(runner.dtype).removeprefix("torch."),
         "tokens": num_tokens,
         "scattered_tokens": len(positions),
         "rounds": rounds,
-        "dense_gib": rounded(dense_bytes / 2**30, 2),
-        "dense_build_s": rounded(build_s, 1),
-        "dense_kernel_token_limit": dense_limit,
+        "copy_gib": {name: rounded(value / 2**30, 2) for name, value in copy_bytes.items()},
+        "copy_build_s": {name: rounded(value, 1) for name, value in build_s.items()},
+        "kernel_token_limit": {
+            name: values[0] for name, values in limits.items() if name != "quantized"
+        },
         "seconds": {name: rounded(value, 3) for name, value in medians.items()},
         "speedup": {
-            case: rounded(medians[f"{case}/quantized"] / medians[f"{case}/dense"], 2)
+            f"{case}/{setting}": rounded(
+                medians[f"{case}/quantized"] / medians[f"{case}/{setting}"], 2
+            )
             for case in CASES
+            for setting in COPIES
         },
+        "perplexity_tokens": len(text_ids),
+        "perplexity": perplexities,
         "amx": has_amx(),
+        "int8_dot_products": has_int8_dot_products(),
         "torch_threads": torch.get_num_threads(),
         "cpu": cpu_name(),
     }
+
+
+def runner_tokenizer(model_dir: Path):
+    """The model directory's tokenizer, as the engine loads it."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def format_table(report: dict) -> str:
     lines = [
         f"Prefill weights, {report['model']} ({report['dtype']}), {report['tokens']}-token "
         f"prefill and a {report['scattered_tokens']}-token scattered step, median of "
-        f"{report['rounds']} ({report['cpu']}, AMX: {report['amx']}).",
+        f"{report['rounds']} ({report['cpu']}, AMX: {report['amx']}, int8 dot products: "
+        f"{report['int8_dot_products']}).",
         "",
-        "| step | quantized s | dense s | speedup |",
-        "|---|---:|---:|---:|",
+        "| step | quantized s | dense s | int8 s | dense speedup | int8 speedup |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    seconds, speedup = report["seconds"], report["speedup"]
     for case in CASES:
         lines.append(
-            f"| {case} | {report['seconds'][f'{case}/quantized']:.3f} | "
-            f"{report['seconds'][f'{case}/dense']:.3f} | {report['speedup'][case]:.2f}x |"
+            f"| {case} | {seconds[f'{case}/quantized']:.3f} | {seconds[f'{case}/dense']:.3f} | "
+            f"{seconds[f'{case}/int8']:.3f} | {speedup[f'{case}/dense']:.2f}x | "
+            f"{speedup[f'{case}/int8']:.2f}x |"
         )
-    lines.append(
-        f"\nDense copies: {report['dense_gib']} GiB, built in {report['dense_build_s']} s."
-    )
+    perplexity = report["perplexity"]
+    lines += [
+        "",
+        f"Perplexity over {report['perplexity_tokens']} tokens: "
+        + ", ".join(f"{name} {perplexity[name]:.4f}" for name in SETTINGS),
+        "Copies: "
+        + ", ".join(
+            f"{name} {report['copy_gib'][name]} GiB (built in {report['copy_build_s'][name]} s)"
+            for name in COPIES
+        ),
+    ]
     return "\n".join(lines)
 
 
@@ -141,17 +193,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help=f"default: {DEFAULT_CHAT_MODEL}")
     parser.add_argument("--tokens", type=int, default=768)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--perplexity-tokens", type=int, default=2048)
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--smoke", action="store_true", help="the bundled model, 64 tokens")
     args = parser.parse_args(argv)
     if args.smoke:
         args.model, args.tokens, args.rounds = args.model or BUNDLED_CHAT_MODEL, 64, 1
-    if args.tokens < 8 or args.rounds < 1:
-        parser.error("--tokens must be at least 8 and --rounds at least 1")
+        args.perplexity_tokens = 300
+    if args.tokens < 8 or args.rounds < 1 or args.perplexity_tokens < 2:
+        parser.error("--tokens must be at least 8, --rounds 1 and --perplexity-tokens 2")
     models_dir = args.models_dir or default_models_dir()
 
     def run() -> dict:
-        return run_benchmark(args.model or DEFAULT_CHAT_MODEL, models_dir, args.tokens, args.rounds)
+        return run_benchmark(
+            args.model or DEFAULT_CHAT_MODEL,
+            models_dir,
+            args.tokens,
+            args.rounds,
+            args.perplexity_tokens,
+        )
 
     return run_cli(run, as_json=args.json, format_report=format_table, num_errors=lambda _: 0)
 

@@ -105,10 +105,10 @@ try:
     CACHET_PREFILL_WEIGHTS = env.read_str(
         os.environ, "CACHET_PREFILL_WEIGHTS", default=engine_default("prefill_weights")
     )
-    if CACHET_PREFILL_WEIGHTS not in {"auto", "dense", "quantized"}:
+    if CACHET_PREFILL_WEIGHTS not in {"auto", "dense", "int8", "quantized"}:
         raise env.ConfigError(
             "CACHET_PREFILL_WEIGHTS",
-            f"expected auto, dense or quantized; got {CACHET_PREFILL_WEIGHTS!r}",
+            f"expected auto, dense, int8 or quantized; got {CACHET_PREFILL_WEIGHTS!r}",
         )
     # --- end Engine ---
     CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)

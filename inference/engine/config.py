@@ -138,7 +138,9 @@ class EngineConfig:
     # Quantized layers' weights for prefill-sized steps (model_runner.py, "Dense prefill
     # weights" in the README): "dense" keeps a copy in the model dtype, so those steps run one
     # GEMM instead of dequantizing every weight each time (more memory: the 1.5B's 3.3 GiB);
-    # "quantized" dequantizes; "auto": dense on CPUs with AMX (bf16) where the copy fits.
+    # "int8" keeps int8 codes (a byte a weight), so those steps run one integer GEMM on the
+    # CPU's int8 dot products (layers/int8_gemm.py); "quantized" dequantizes; "auto": dense on
+    # CPUs with AMX (bf16), int8 on CPUs with VNNI, where the copy fits.
     # NOTE: "quantized" by default until the whole suite has run with "auto" on an AMX CPU.
     prefill_weights: str = "quantized"
 
@@ -277,7 +279,7 @@ def _check_bool(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be True or False, got {value!r}")
 
 
-PREFILL_WEIGHTS = ("auto", "dense", "quantized")
+PREFILL_WEIGHTS = ("auto", "dense", "int8", "quantized")
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

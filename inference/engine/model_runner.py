@@ -48,9 +48,25 @@ DENSE_AMX_KERNEL_TOKENS = 8
 DENSE_KERNEL_TOKENS = 64
 
 
+# With int8 GEMM codes (layers/int8_gemm.py), steps above this many tokens run the integer GEMM:
+# on Zen 4 it beat the 1.5B's int4 / int8 kernels by 1.5x at 16 tokens and 2-2.9x from 64 (at
+# 8 about even), decode steps of a batch included.
+INT8_GEMM_KERNEL_TOKENS = 8
+
+
 def dense_kernel_token_limit() -> int:
     """The quantized kernel's token limit for layers that keep dense weights, on this CPU."""
     return DENSE_AMX_KERNEL_TOKENS if kernels.has_amx() else DENSE_KERNEL_TOKENS
+
+
+def auto_prefill_weights(dtype: torch.dtype) -> str:
+    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: "dense" (AMX,
+    bf16), "int8" (int8 dot products: VNNI), else "quantized"."""
+    if kernels.has_amx() and dtype == torch.bfloat16:
+        return "dense"
+    if kernels.has_int8_dot_products():
+        return "int8"
+    return "quantized"
 
 
 def available_memory_bytes() -> int | None:
@@ -130,7 +146,9 @@ class ModelRunner:
         args = self.model.args
         self.device = device
         self.dtype = dtype
-        self.dense_weight_bytes = self._keep_dense_prefill_weights(config.prefill_weights)
+        self.prefill_weights, self.prefill_weight_bytes = self._keep_prefill_weights(
+            config.prefill_weights
+        )
         self.block_size = config.block_size
         self.vocab_size = args.vocab_size
         self.max_model_len = min(config.max_model_len, args.max_position_embeddings)
@@ -274,45 +292,54 @@ class ModelRunner:
             if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
 
-    def _keep_dense_prefill_weights(self, setting: str) -> int:
-        """Dense copies of the quantized layers' weights for prefill-sized steps, as
-        `EngineConfig.prefill_weights` asks; the bytes they take.
+    def _keep_prefill_weights(self, setting: str) -> tuple[str, int]:
+        """Copies of the quantized layers' weights for prefill-sized steps, as
+        `EngineConfig.prefill_weights` asks: ("dense" | "int8" | "quantized", the bytes they take).
 
-        NOTE: "auto" keeps them on CPUs with AMX in bf16, where the dense GEMM runs several
+        NOTE: "auto" keeps dense bf16 copies on CPUs with AMX, where the dense GEMM runs several
         times faster than unpacking the weight every step or the int4 kernel past a few tokens
         (a 200-token step of the 1.5B 9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured
-        side by side); without AMX the gain was 1.1-1.4x (Zen 4), not worth 3x the weight
-        memory. The logits table stays quantized: it only ever sees a few tokens.
+        side by side); without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight
+        memory, while int8 codes (a byte a weight: layers/int8_gemm.py) run on the CPU's int8
+        dot products (VNNI), twice the bf16 GEMM's multiply-adds. The logits table stays
+        quantized: it only ever sees a few tokens.
         """
         if setting == "quantized" or self.device.type != "cpu":
-            return 0
+            return "quantized", 0
         layers = dense_weight_layers(self.model, skip=(self.model.lm_head,))
         if not layers:
-            return 0
-        num_bytes = sum(layer.in_features * layer.out_features for layer in layers)
-        num_bytes *= torch.empty((), dtype=self.dtype).element_size()
+            return "quantized", 0
         if setting == "auto":
-            if not (kernels.has_amx() and self.dtype == torch.bfloat16):
-                return 0
+            setting = auto_prefill_weights(self.dtype)
+            if setting == "quantized":
+                return "quantized", 0
+            element_bytes = 1 if setting == "int8" else self.dtype.itemsize
+            num_bytes = element_bytes * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()
             if available is not None and num_bytes > available // 2:
                 logger.info(
-                    "prefill weights stay quantized: dense copies would take %.1f GiB of the "
+                    "prefill weights stay quantized: %s copies would take %.1f GiB of the "
                     "%.1f GiB available",
+                    setting,
                     num_bytes / 2**30,
                     available / 2**30,
                 )
-                return 0
-        max_kernel_tokens = dense_kernel_token_limit()
-        kept = keep_dense_weights(layers, max_kernel_tokens)
+                return "quantized", 0
+        if setting == "int8":
+            max_kernel_tokens = INT8_GEMM_KERNEL_TOKENS
+            kept = sum(layer.keep_int8_gemm_weight(max_kernel_tokens) for layer in layers)
+        else:
+            max_kernel_tokens = dense_kernel_token_limit()
+            kept = keep_dense_weights(layers, max_kernel_tokens)
         logger.info(
-            "prefill weights: dense copies of %d quantized layers (%.2f GiB), used for steps "
+            "prefill weights: %s copies of %d quantized layers (%.2f GiB), used for steps "
             "of more than %d tokens",
+            setting,
             len(layers),
             kept / 2**30,
             max_kernel_tokens,
         )
-        return kept
+        return setting, kept
 
     def cannot_reuse_kv_reason(self) -> str | None:
         """Why passages' keys/values cannot be moved to other positions here (chunk-KV reuse,

@@ -11,15 +11,25 @@ from bench.prefill_weights import format_table, main
 pytestmark = pytest.mark.real_weights
 
 
-def test_the_smoke_run_times_both_weight_forms_on_both_steps(settings, capsys) -> None:
+def test_the_smoke_run_times_every_weight_form_on_both_steps_and_scores_it(
+    settings, capsys
+) -> None:
     assert main(["--smoke", "--json", "--models-dir", str(settings.MODELS_DIR)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["tokens"] == 64 and report["scattered_tokens"] == 16
     assert set(report["seconds"]) == {
         f"{case}/{weights}"
         for case in ("prefill", "scattered")
-        for weights in ("quantized", "dense")
+        for weights in ("quantized", "dense", "int8")
     }
     assert all(value > 0 for value in report["seconds"].values())
-    assert report["dense_gib"] > 0 and set(report["speedup"]) == {"prefill", "scattered"}
+    assert set(report["copy_gib"]) == {"dense", "int8"}
+    # int8 codes take a byte a weight, dense copies two (bf16) or four (float32)
+    assert 0 < report["copy_gib"]["int8"] < report["copy_gib"]["dense"]
+    assert len(report["speedup"]) == 4
+    assert report["perplexity_tokens"] == 300
+    perplexity = report["perplexity"]
+    # the dense copy holds the dequantized weight exactly; int8 codes round it
+    assert perplexity["dense"] == pytest.approx(perplexity["quantized"], rel=0.01)
+    assert perplexity["int8"] == pytest.approx(perplexity["quantized"], rel=0.05)
     assert "| scattered |" in format_table(report)

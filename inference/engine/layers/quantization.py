@@ -60,6 +60,7 @@ from inference.engine.kernels.int4_linear import (
 from inference.engine.kernels.int8_linear import MAX_TOKENS as NATIVE_INT8_MAX_TOKENS
 from inference.engine.kernels.int8_linear import int8_matmul
 from inference.engine.kernels.weight_matmul import WeightMatmul
+from inference.engine.layers.int8_gemm import Int8GemmWeight
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class QuantizedLinear(nn.Module):
     # W^T [in, out] in the model dtype, kept for steps above the kernel's token limit
     # (`keep_dense_weight`); None: those steps dequantize the weight every time.
     dense_weight_t: torch.Tensor | None = None
+    # int8 codes of the weight for the same steps, run as an integer GEMM (`keep_int8_gemm_weight`)
+    int8_gemm_weight: Int8GemmWeight | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: the decode fast path of native layers first: one check, then the kernel.
@@ -143,6 +146,18 @@ class QuantizedLinear(nn.Module):
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
         return weight_t.numel() * weight_t.element_size()
 
+    def keep_int8_gemm_weight(self, max_kernel_tokens: int) -> int:
+        """Keep the weight as int8 codes per row for steps of more than `max_kernel_tokens`
+        tokens, which then run one integer GEMM (layers/int8_gemm.py); the bytes the copy takes."""
+        codes = torch.empty(self.out_features, self.in_features, dtype=torch.int8)
+        scales = torch.empty(self.out_features, dtype=torch.float32)
+        for start, end in self._row_chunks():
+            rows = Int8GemmWeight.from_rows(self.dequantize_rows(start, end, torch.float32))
+            codes[start:end], scales[start:end] = rows.codes, rows.scales
+        self.int8_gemm_weight = Int8GemmWeight(codes, scales)
+        self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
+        return self.int8_gemm_weight.nbytes
+
     def _row_chunks(self) -> list[tuple[int, int]]:
         """Row ranges to dequantize at a time (multiples of the int4 row block)."""
         rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
@@ -154,10 +169,14 @@ class QuantizedLinear(nn.Module):
 
     def dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """The plain PyTorch path: dequantize row chunks of W and run the dense GEMM (or the GEMM
-        alone on the dense copy, `keep_dense_weight`)."""
+        alone on the dense copy, `keep_dense_weight`, or the integer GEMM on the int8 copy,
+        `keep_int8_gemm_weight`)."""
         dense = self.dense_weight_t
         if dense is not None and dense.dtype == x.dtype and dense.device == x.device:
             return torch.matmul(x, dense)
+        gemm_weight = self.int8_gemm_weight
+        if gemm_weight is not None and x.device.type == "cpu":
+            return gemm_weight.matmul(x)
         rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
         rows -= rows % INT4_ROW_BLOCK
         if rows >= self.out_features:

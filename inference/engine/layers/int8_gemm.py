@@ -1,0 +1,91 @@
+"""Int8 GEMM weights: prefill-sized steps of quantized layers on the CPU's int8 dot products.
+
+A quantized layer (a GGUF's int4 / int8 tensors) reads its packed weight at memory speed for
+decodes, but a step of hundreds of tokens is compute-bound, and there its kernels (int4: ~250
+GMAC/s on Zen 4) and the dequantize + bf16 GEMM path (~350) run well under what the CPU's int8
+dot products allow (vpdpbusd: twice the multiply-adds of a bf16 FMA per cycle; oneDNN's int8
+GEMM measured ~800 GMAC/s on the same two Zen 4 cores). `Int8GemmWeight` is a copy of the
+layer's weight as int8 codes with one scale per output channel (rows); a step then codes its
+activations per token and runs one integer GEMM (`torch._int_mm`), the int32 sums scaled back.
+
+Activation outliers: a few input columns of some layers carry values tens of times the rest
+(after RMSNorm's gains, and into `down_proj`). Coded per token, one such value sets the token's
+scale and flattens every other code. Columns whose peak in the step passes `OUTLIER_RATIO` times
+the median column's peak (at most `MAX_OUTLIER_SHARE` of them, the largest) are taken out of the
+integer product and multiplied in float against their weight columns (the decomposition of
+LLM.int8(), Dettmers et al. 2022, with a threshold relative to the step's own activations: their
+scale differs by two orders of magnitude between models). On SmolLM2's real activations that
+halved the layers' relative error (qkv 3.0% -> 1.1%); measured in the README, "Int8 prefill
+weights", as perplexity.
+
+The weight's own error: codes per row of an already-quantized weight (4-bit groups with their own
+scales) round each value to 1/254 of its row's largest, ~1% of a typical weight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# NOTE: an input column is an outlier when its peak passes this many times the median column's
+# peak; on SmolLM2's activations 6 set 0.1-1% of the columns aside (4: 0.5-2%, for less gain).
+OUTLIER_RATIO = 6.0
+# At most this share of the inputs goes through the float product: the largest columns.
+MAX_OUTLIER_SHARE = 1 / 32
+# NOTE: tokens per integer GEMM: a 768-token step of the 1.5B's gate_up in one GEMM made int32
+# and float32 temporaries of 55 MB each, and scaling them back cost as much as the GEMM
+# (62 ms against 41 in blocks of 128, measured side by side on Zen 4).
+ROWS_PER_GEMM = 128
+INT8_MAX = 127
+
+
+@dataclass(frozen=True, slots=True)
+class Int8GemmWeight:
+    """A weight [out, in] as int8 codes, one float32 scale per output row."""
+
+    codes: torch.Tensor  # int8 [out, in], contiguous: the GEMM reads its transpose as a view
+    scales: torch.Tensor  # float32 [out]
+
+    @classmethod
+    def from_rows(cls, weight: torch.Tensor) -> Int8GemmWeight:
+        """Codes for `weight` [out, in] (any float dtype): symmetric, per row."""
+        weight = weight.float()
+        scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
+        codes = torch.round(weight / scales[:, None]).to(torch.int8)
+        return cls(codes.contiguous(), scales)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * 4
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        """x [tokens, in] @ W^T in x's dtype: activations coded per token (row), outlier columns
+        multiplied in x's dtype, `ROWS_PER_GEMM` tokens at a time."""
+        if x.shape[0] <= ROWS_PER_GEMM:
+            return self._matmul_rows(x)
+        y = x.new_empty(x.shape[0], self.codes.shape[0])
+        for start in range(0, x.shape[0], ROWS_PER_GEMM):
+            y[start : start + ROWS_PER_GEMM] = self._matmul_rows(x[start : start + ROWS_PER_GEMM])
+        return y
+
+    def _matmul_rows(self, x: torch.Tensor) -> torch.Tensor:
+        magnitudes = x.abs()
+        column_peaks = magnitudes.amax(dim=0)
+        outliers = (column_peaks > OUTLIER_RATIO * column_peaks.median()).nonzero().squeeze(1)
+        max_outliers = int(MAX_OUTLIER_SHARE * x.shape[1])
+        if outliers.numel() > max_outliers:
+            outliers = column_peaks.topk(max_outliers).indices
+        if outliers.numel():
+            outlier_x = x.index_select(1, outliers)
+            x = x.index_fill(1, outliers, 0)
+            magnitudes = magnitudes.index_fill(1, outliers, 0)
+        token_scales = magnitudes.amax(dim=1, keepdim=True).float()
+        token_scales = token_scales.clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
+        codes = torch.round(x.float() / token_scales).to(torch.int8)
+        sums = torch._int_mm(codes, self.codes.t())
+        y = sums.float().mul_(token_scales).mul_(self.scales).to(x.dtype)
+        if outliers.numel():
+            columns = self.codes.index_select(1, outliers).float() * self.scales[:, None]
+            y.addmm_(outlier_x, columns.t().to(x.dtype))
+        return y

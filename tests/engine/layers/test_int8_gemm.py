@@ -1,0 +1,79 @@
+"""Int8 GEMM weights: per-row weight codes times per-token activation codes, outliers in float."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.engine.layers.int8_gemm import MAX_OUTLIER_SHARE, ROWS_PER_GEMM, Int8GemmWeight
+
+
+def relative_error(y: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((y.float() - expected).norm() / expected.norm())
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+def test_codes_reproduce_each_row_to_within_half_a_step(generator) -> None:
+    weight = torch.randn(96, 64, generator=generator)
+    codes = Int8GemmWeight.from_rows(weight)
+    assert codes.codes.dtype == torch.int8 and codes.codes.shape == (96, 64)
+    restored = codes.codes.float() * codes.scales[:, None]
+    assert torch.all((restored - weight).abs() <= codes.scales[:, None] / 2 + 1e-7)
+    assert int(codes.codes.abs().max()) == 127
+    assert codes.nbytes == 96 * 64 + 96 * 4
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [48, ROWS_PER_GEMM * 2 + 3])
+def test_a_product_matches_the_float_one_within_int8_rounding(generator, dtype, num_tokens) -> None:
+    weight = torch.randn(256, 128, generator=generator)
+    x = torch.randn(num_tokens, 128, generator=generator).to(dtype)
+    y = Int8GemmWeight.from_rows(weight).matmul(x)
+    assert y.dtype == dtype and y.shape == (num_tokens, 256)
+    assert relative_error(y, x.float() @ weight.T) < 0.02
+
+
+def test_outlier_columns_are_multiplied_in_float(generator) -> None:
+    """One column far above the rest would flatten every other code of its tokens; taken out,
+    the other columns' share of the product keeps its int8 precision."""
+    weight = torch.randn(64, 512, generator=generator)
+    x = torch.randn(24, 512, generator=generator)
+    x[:, 7] = 200.0  # ~200x the other columns' typical magnitude
+    gemm = Int8GemmWeight.from_rows(weight)
+    expected = x @ weight.T
+    others = x.index_fill(1, torch.tensor([7]), 0) @ weight.T
+
+    def error_on_the_others(y: torch.Tensor) -> float:
+        return float((y - expected).norm() / others.norm())
+
+    # NOTE: what is left is the outlier column's own weight rounding, times its magnitude
+    y = gemm.matmul(x)
+    assert error_on_the_others(y) < 0.1
+    # the same product coded per token with the outlier inside: what the decomposition avoids
+    scales = x.abs().amax(1, keepdim=True) / 127
+    naive = (torch.round(x / scales) * scales) @ (gemm.codes.float() * gemm.scales[:, None]).T
+    assert error_on_the_others(naive) > 0.3
+
+
+def test_at_most_a_share_of_the_columns_is_multiplied_in_float_the_largest(generator) -> None:
+    """Columns far above the median column pass as outliers up to MAX_OUTLIER_SHARE of the inputs;
+    past it the largest are taken, and the rest are coded with the others."""
+    weight = torch.randn(32, 256, generator=generator)
+    gemm = Int8GemmWeight.from_rows(weight)
+    x = torch.randn(20, 256, generator=generator)
+    max_outliers = int(MAX_OUTLIER_SHARE * 256)
+    x[:, : 2 * max_outliers] = 50.0  # twice as many large columns as go through float
+    x[:, 2 * max_outliers - 1] = 5000.0  # the largest, last: coded it would flatten every code
+    expected = x @ weight.T
+    y = gemm.matmul(x)
+    assert float((y - expected).norm() / expected.norm()) < 0.02
+
+
+def test_all_zero_activations_give_zero_sums(generator) -> None:
+    gemm = Int8GemmWeight.from_rows(torch.randn(32, 64, generator=generator))
+    x = torch.zeros(17, 64)
+    assert torch.count_nonzero(gemm.matmul(x)) == 0

@@ -1,0 +1,156 @@
+"""Prefill weights: quantized layers keep a dense copy, or int8 codes, for prefill-sized steps.
+
+A dense copy holds the dequantized weight exactly, so a prefill through it gives the
+dequantizing path's results; int8 codes round it (and the activations) to 8 bits, so a prefill
+through them stays close. The kernel still serves decodes. Real SmolLM2 GGUF weights (int4 and
+int8 layers), float32 so that results compare tightly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from inference.engine import BatchEntry, ConfigError, EngineConfig
+from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.kernels import has_amx, has_int8_dot_products
+from inference.engine.layers.quantization import QuantizedLinear
+from inference.engine.model_runner import (
+    DENSE_AMX_KERNEL_TOKENS,
+    INT8_GEMM_KERNEL_TOKENS,
+    ModelRunner,
+)
+from tests.engine.real_model import RealEngines, chat
+
+pytestmark = pytest.mark.real_weights
+
+MAX_MODEL_LEN = 512
+PREDICTION_TOKENS = 448  # 7 prefill chunks of 64 tokens
+DATA_DIR = Path(__file__).parents[1] / "data"
+
+
+def quantized_runner(model_dir, dtype: str, prefill_weights: str) -> ModelRunner:
+    config = EngineConfig(
+        model_dir,
+        dtype=dtype,
+        quantization="auto",  # the GGUF's own int4/int8 tensors
+        kv_cache_mb=32,
+        max_model_len=MAX_MODEL_LEN,
+        prefill_weights=prefill_weights,
+    )
+    return ModelRunner(config)
+
+
+def quantized_layers(runner: ModelRunner) -> list[QuantizedLinear]:
+    return [m for m in runner.model.modules() if isinstance(m, QuantizedLinear)]
+
+
+def test_a_dense_copy_multiplies_like_the_dequantizing_path(chat_model_dir) -> None:
+    runner = quantized_runner(chat_model_dir, "float32", "quantized")
+    layers = [layer for layer in quantized_layers(runner) if layer is not runner.model.lm_head]
+    assert layers and runner.prefill_weights == "quantized" and runner.prefill_weight_bytes == 0
+    generator = torch.Generator().manual_seed(0)
+    for layer in layers[:8]:
+        x = torch.randn(40, layer.in_features, generator=generator)
+        expected = layer.dequantized_matmul(x)
+        num_bytes = layer.keep_dense_weight(DENSE_AMX_KERNEL_TOKENS)
+        assert num_bytes == layer.in_features * layer.out_features * 4
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+        assert layer.max_kernel_tokens <= DENSE_AMX_KERNEL_TOKENS
+
+
+def test_int8_codes_multiply_close_to_the_dequantizing_path(chat_model_dir) -> None:
+    runner = quantized_runner(chat_model_dir, "float32", "quantized")
+    layers = [layer for layer in quantized_layers(runner) if layer is not runner.model.lm_head]
+    generator = torch.Generator().manual_seed(0)
+    for layer in layers[:8]:
+        x = torch.randn(40, layer.in_features, generator=generator)
+        expected = layer.dequantized_matmul(x)
+        num_bytes = layer.keep_int8_gemm_weight(INT8_GEMM_KERNEL_TOKENS)
+        assert num_bytes == layer.in_features * layer.out_features + layer.out_features * 4
+        y = layer(x)
+        assert float((y - expected).norm() / expected.norm()) < 0.02
+        assert layer.max_kernel_tokens <= INT8_GEMM_KERNEL_TOKENS
+
+
+def answers(chat_model_dir, tokenizer, settings: tuple[str, ...]) -> dict[str, list[int]]:
+    """12 greedy tokens of one prompt from an engine per `prefill_weights` setting."""
+    prompt = chat(tokenizer, "Name three rivers of Europe and the seas they flow into.")
+    params = SamplingParams(temperature=0, max_tokens=12)
+    answered = {}
+    for setting in settings:
+        runner = quantized_runner(chat_model_dir, "float32", setting)
+        assert runner.prefill_weights == setting
+        assert (runner.prefill_weight_bytes > 0) == (setting != "quantized")
+        engines = RealEngines(runner, tokenizer, chat_model_dir, MAX_MODEL_LEN)
+        try:
+            engine = engines.make(quantization="auto", prefill_weights=setting)
+            answered[setting] = engine.generate([prompt], params)[0].token_ids
+        finally:
+            engines.shutdown()
+    return answered
+
+
+def test_an_engine_with_dense_prefill_weights_answers_as_one_without(
+    chat_model_dir, real_tokenizer
+) -> None:
+    answered = answers(chat_model_dir, real_tokenizer, ("quantized", "dense"))
+    assert answered["dense"] == answered["quantized"]
+
+
+def test_an_engine_with_int8_prefill_weights_answers(chat_model_dir, real_tokenizer) -> None:
+    """int8 codes round the prompt's prefill, so a near tie may go the other way (SmolLM2's
+    first token here: "The" 30.87 against "1" 30.63): the answer is checked as text, and the
+    predictions below, token by token."""
+    answered = answers(chat_model_dir, real_tokenizer, ("int8",))["int8"]
+    assert len(answered) == 12
+    assert "river" in real_tokenizer.decode(answered).lower() or any(
+        name in real_tokenizer.decode(answered) for name in ("Danube", "Rhine", "Volga", "Seine")
+    )
+
+
+def test_int8_prefill_weights_keep_the_models_next_token_predictions(
+    chat_model_dir, real_tokenizer
+) -> None:
+    """Teacher-forced over real text, in prefill chunks above the kernel's token limit."""
+    text = (DATA_DIR / "squad_passages.txt").read_text()
+    token_ids = real_tokenizer(text)["input_ids"][:PREDICTION_TOKENS]
+    block_table = list(range(-(-PREDICTION_TOKENS // 16)))
+    predictions, perplexities = {}, {}
+    for setting in ("quantized", "int8"):
+        runner = quantized_runner(chat_model_dir, "float32", setting)
+        logits = torch.cat(
+            [
+                runner.execute(
+                    [BatchEntry(token_ids[start : start + 64], start, block_table, num_logits=64)]
+                )
+                for start in range(0, PREDICTION_TOKENS, 64)
+            ]
+        )
+        predictions[setting] = logits.argmax(-1)[:-1]
+        perplexities[setting] = float(
+            torch.nn.functional.cross_entropy(
+                logits[:-1].float(), torch.tensor(token_ids[1:])
+            ).exp()
+        )
+    agreement = float((predictions["int8"] == predictions["quantized"]).float().mean())
+    assert agreement >= 0.88
+    assert perplexities["int8"] == pytest.approx(perplexities["quantized"], rel=0.03)
+
+
+def test_auto_keeps_dense_copies_with_amx_and_int8_codes_with_int8_dot_products(
+    chat_model_dir,
+) -> None:
+    runner = quantized_runner(chat_model_dir, "bfloat16", "auto")
+    expected = "dense" if has_amx() else "int8" if has_int8_dot_products() else "quantized"
+    assert runner.prefill_weights == expected
+    assert (runner.prefill_weight_bytes > 0) == (expected != "quantized")
+    float32 = quantized_runner(chat_model_dir, "float32", "auto")
+    assert float32.prefill_weights == ("int8" if has_int8_dot_products() else "quantized")
+
+
+def test_an_unknown_prefill_weights_setting_is_refused(chat_model_dir) -> None:
+    with pytest.raises(ConfigError, match="prefill_weights must be one of"):
+        EngineConfig(chat_model_dir, prefill_weights="fast")
