@@ -49,7 +49,7 @@ DENSE_KERNEL_TOKENS = 64
 
 
 # With int8 GEMM codes (layers/int8_gemm.py), steps above this many tokens run the integer GEMM:
-# on Zen 4 it beat the 1.5B's int4 / int8 kernels by 1.5x at 16 tokens and 2-2.9x from 64 (at
+# on Zen 5 it beat the 1.5B's int4 / int8 kernels by 1.5x at 16 tokens and 2-2.9x from 64 (at
 # 8 about even), decode steps of a batch included.
 INT8_GEMM_KERNEL_TOKENS = 8
 
@@ -60,12 +60,14 @@ def dense_kernel_token_limit() -> int:
 
 
 def auto_prefill_weights(dtype: torch.dtype) -> str:
-    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: "dense" (AMX,
-    bf16), "int8" (int8 dot products: VNNI), else "quantized"."""
+    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: "dense" with AMX
+    in bf16, else "quantized".
+
+    NOTE: not "int8" where the CPU has VNNI: on Zen 5 the int8 codes made a 768-token prefill
+    step 1.23x faster but 32 concurrent RAG chats no faster (README, "Prefill weights"), not
+    worth 1.44 GiB more for the 1.5B by default."""
     if kernels.has_amx() and dtype == torch.bfloat16:
         return "dense"
-    if kernels.has_int8_dot_products():
-        return "int8"
     return "quantized"
 
 
@@ -300,10 +302,9 @@ class ModelRunner:
         times faster than unpacking the weight every step or the int4 kernel past a few tokens
         (a 200-token step of the 1.5B 9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured
         side by side); without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight
-        memory, while int8 codes (a byte a weight: layers/int8_gemm.py) run on the CPU's int8
-        dot products (VNNI), twice the bf16 GEMM's multiply-adds. The logits table stays
-        quantized: it only ever sees a few tokens.
-        """
+        memory. "int8" keeps int8 codes (a byte a weight: layers/int8_gemm.py) for the CPU's
+        int8 dot products (VNNI). The logits table stays quantized: it only ever sees a few
+        tokens."""
         if setting == "quantized" or self.device.type != "cpu":
             return "quantized", 0
         layers = dense_weight_layers(self.model, skip=(self.model.lm_head,))

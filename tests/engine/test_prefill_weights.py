@@ -15,7 +15,7 @@ import torch
 
 from inference.engine import BatchEntry, ConfigError, EngineConfig
 from inference.engine.core.sampling_params import SamplingParams
-from inference.engine.kernels import has_amx, has_int8_dot_products
+from inference.engine.kernels import has_amx
 from inference.engine.layers.quantization import QuantizedLinear
 from inference.engine.model_runner import (
     DENSE_AMX_KERNEL_TOKENS,
@@ -140,15 +140,11 @@ def test_int8_prefill_weights_keep_the_models_next_token_predictions(
     assert perplexities["int8"] == pytest.approx(perplexities["quantized"], rel=0.03)
 
 
-def test_auto_keeps_dense_copies_with_amx_and_int8_codes_with_int8_dot_products(
-    chat_model_dir,
-) -> None:
+def test_auto_keeps_dense_copies_only_for_bf16_on_cpus_with_amx(chat_model_dir) -> None:
     runner = quantized_runner(chat_model_dir, "bfloat16", "auto")
-    expected = "dense" if has_amx() else "int8" if has_int8_dot_products() else "quantized"
-    assert runner.prefill_weights == expected
-    assert (runner.prefill_weight_bytes > 0) == (expected != "quantized")
-    float32 = quantized_runner(chat_model_dir, "float32", "auto")
-    assert float32.prefill_weights == ("int8" if has_int8_dot_products() else "quantized")
+    assert runner.prefill_weights == ("dense" if has_amx() else "quantized")
+    assert (runner.prefill_weight_bytes > 0) == has_amx()
+    assert quantized_runner(chat_model_dir, "float32", "auto").prefill_weights == "quantized"
 
 
 def test_an_unknown_prefill_weights_setting_is_refused(chat_model_dir) -> None:

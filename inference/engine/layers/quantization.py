@@ -138,7 +138,7 @@ class QuantizedLinear(nn.Module):
 
         NOTE: such a step then runs one dense GEMM instead of unpacking every weight first;
         decodes and small batches still read the quantized weight (measured in the README,
-        "Dense prefill weights")."""
+        "Prefill weights: dense copies")."""
         weight_t = torch.empty(self.in_features, self.out_features, dtype=self.dtype)
         for start, end in self._row_chunks():
             weight_t[:, start:end] = self.dequantize_rows_transposed(start, end, self.dtype)
