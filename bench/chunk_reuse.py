@@ -258,7 +258,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--kv-cache-mb", type=int, default=3072)
     parser.add_argument(
-        "--prefill-weights", choices=("auto", "dense", "quantized"), default="quantized"
+        "--prefill-weights", choices=("auto", "dense", "int8", "quantized"), default="quantized"
     )
     parser.add_argument("--smoke", action="store_true", help="bundled model, 4 questions")
     args = parser.parse_args(argv)
