@@ -14,6 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
 from inference import catalogue, model_files
+from inference.engine import ConfigError as EngineConfigError
+from inference.engine import resolve_device
 from inference.engine_settings import engine_default
 
 # NOTE: makes Django's generic classes subscriptable at run time (`ModelAdmin[Document]`), as
@@ -110,6 +112,13 @@ try:
             "CACHET_PREFILL_WEIGHTS",
             f"expected auto, dense, int8 or quantized; got {CACHET_PREFILL_WEIGHTS!r}",
         )
+    # The engine's device: "cpu" (default), "cuda" / "cuda:N", or "auto" (cuda where PyTorch
+    # sees one). Checked here, so a missing GPU stops the start with the reason.
+    CACHET_DEVICE = env.read_str(os.environ, "CACHET_DEVICE", default=engine_default("device"))
+    try:
+        CACHET_DEVICE = resolve_device(CACHET_DEVICE)
+    except EngineConfigError as error:
+        raise env.ConfigError("CACHET_DEVICE", str(error)) from None
     # --- end Engine ---
     CACHET_START_ENGINE = env.read_bool(os.environ, "CACHET_START_ENGINE", default=True)
     # Served over HTTPS (usually behind a TLS-terminating proxy): secure cookies, HSTS, redirects.

@@ -30,6 +30,7 @@ PROCESS_SETTINGS: dict[str, str] = {
     "chunk_kv_reuse": "CACHET_CHUNK_KV_REUSE",
     "chunk_kv_recompute_tokens": "CACHET_CHUNK_KV_RECOMPUTE_TOKENS",
     "prefill_weights": "CACHET_PREFILL_WEIGHTS",
+    "device": "CACHET_DEVICE",
 }
 
 _ENGINE_FIELDS = {field.name: field for field in dataclasses.fields(EngineConfig)}

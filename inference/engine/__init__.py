@@ -11,6 +11,7 @@ from inference.engine.config import (
     ConfigError,
     EngineConfig,
     parse_dtype,
+    resolve_device,
 )
 from inference.engine.core.reusable_spans import ReusableSpans
 from inference.engine.core.sampling_params import SamplingParams
@@ -60,4 +61,5 @@ __all__ = [
     "check_quantization",
     "model_weight_bytes",
     "parse_dtype",
+    "resolve_device",
 ]

@@ -83,6 +83,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     enable_prefix_caching: bool = True
+    # "cpu", "cuda" / "cuda:N", or "auto" (cuda where PyTorch sees a CUDA device, else cpu).
     device: str = "cpu"
     # torch threads of the engine thread (0: torch's default, one per core); see engine.py.
     num_threads: int = 0
@@ -146,7 +147,8 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
-        self.dtype = parse_dtype(self.dtype, self.device if isinstance(self.device, str) else "cpu")
+        self.device = resolve_device(self.device)
+        self.dtype = parse_dtype(self.dtype, self.device)
         _check_int("max_model_len", self.max_model_len, minimum=2)
         _check_int("block_size", self.block_size, minimum=1)
         _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
@@ -172,8 +174,6 @@ class EngineConfig:
             )
         for name in ("enable_prefix_caching", "native_kernels", "fused_decode", "chunk_kv_reuse"):
             _check_bool(name, getattr(self, name))
-        if not isinstance(self.device, str) or not self.device:
-            raise ConfigError(f"device must be a device name such as 'cpu', got {self.device!r}")
         try:
             check_quantization(self.quantization, self.quantization_group_size)
         except ValueError as error:
@@ -280,6 +280,35 @@ def _check_bool(name: str, value: object) -> None:
 
 
 PREFILL_WEIGHTS = ("auto", "dense", "int8", "quantized")
+
+
+def resolve_device(name: object) -> str:
+    """The device an engine runs on: "auto" is "cuda" where PyTorch sees a CUDA device, else
+    "cpu"; a named device is checked to be there (ConfigError names what is missing)."""
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"device must be a device name such as 'cpu', got {name!r}")
+    name = name.strip().lower()
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(
+            f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}"
+        ) from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+            raise ConfigError(
+                f"device {name!r}: PyTorch sees no CUDA device (torch {torch.__version__}, {build})"
+            )
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"device {name!r}: there are {torch.cuda.device_count()} CUDA device(s)"
+            )
+    elif device.type != "cpu":
+        raise ConfigError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}")
+    return name
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from inference.catalogue import DEFAULT_CHAT_MODEL
 
@@ -120,6 +121,10 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
             "CACHET_KV_CACHE_MB: must be at least 1; got 0",
         ),
         (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_DEVICE": "tpu"},
+            "CACHET_DEVICE: device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'tpu'",
+        ),
+        (
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_LEXICAL_STORE": "lucene"},
             "CACHET_LEXICAL_STORE: expected auto, bm25s or postgresql; got 'lucene'",
         ),
@@ -144,9 +149,10 @@ ENGINE_PROBE = (
     "from inference.engine import EngineConfig; "
     "print(json.dumps({'settings': [settings.CACHET_KV_CACHE_MB, settings.CACHET_TORCH_THREADS, "
     "settings.CACHET_NATIVE_KERNELS, settings.CACHET_FUSED_DECODE, "
-    "settings.CACHET_ADAPTIVE_THREADS], 'engine': "
+    "settings.CACHET_ADAPTIVE_THREADS, settings.CACHET_DEVICE], 'engine': "
     "{f.name: f.default for f in dataclasses.fields(EngineConfig) if f.name in "
-    "('kv_cache_mb', 'num_threads', 'native_kernels', 'fused_decode', 'adaptive_threads')}}))"
+    "('kv_cache_mb', 'num_threads', 'native_kernels', 'fused_decode', 'adaptive_threads', "
+    "'device')}}))"
 )
 
 
@@ -162,8 +168,9 @@ def test_the_engine_settings_default_to_engine_configs_defaults(tmp_path: Path) 
         engine["native_kernels"],
         engine["fused_decode"],
         engine["adaptive_threads"],
+        engine["device"],
     ]
-    assert loaded["settings"] == [512, 0, True, True, True]
+    assert loaded["settings"] == [512, 0, True, True, True, "cpu"]
 
 
 def test_the_engine_flags_are_read_from_the_environment(tmp_path: Path) -> None:
@@ -175,11 +182,22 @@ def test_the_engine_flags_are_read_from_the_environment(tmp_path: Path) -> None:
         "CACHET_NATIVE_KERNELS": "0",
         "CACHET_FUSED_DECODE": "off",
         "CACHET_ADAPTIVE_THREADS": "0",
+        "CACHET_DEVICE": "auto",
     }
     result = run_with(environment, "-c", ENGINE_PROBE)
     assert result.returncode == 0, result.stderr
     settings = json.loads(result.stdout.strip().splitlines()[-1])["settings"]
-    assert settings == [96, 2, False, False, False]
+    assert settings == [96, 2, False, False, False, "cuda" if torch.cuda.is_available() else "cpu"]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_asking_for_cuda_without_a_cuda_device_stops_start_up_naming_the_build(
+    tmp_path: Path,
+) -> None:
+    environment = {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_DATA_DIR": str(tmp_path)}
+    result = run_with(environment | {"CACHET_DEVICE": "cuda"}, "manage.py", "check")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "CACHET_DEVICE: device 'cuda': PyTorch sees no CUDA device (torch " in result.stderr
 
 
 def test_torch_threads_are_set_process_wide_when_configured(tmp_path: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.engine.config import ConfigError, EngineConfig, has_fast_bfloat16
+from inference.engine.config import ConfigError, EngineConfig, has_fast_bfloat16, resolve_device
 
 
 def test_defaults_convert_the_dtype_name_and_the_kv_budget():
@@ -99,3 +99,20 @@ def test_the_draft_can_load_in_other_weight_formats_than_its_target():
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_auto_runs_the_engine_on_cuda_where_pytorch_sees_it_else_on_the_cpu() -> None:
+    assert resolve_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert resolve_device(" CPU ") == "cpu"
+
+
+@pytest.mark.parametrize("name", ["tpu", "", "cuda:x", 3])
+def test_a_device_that_is_not_cpu_or_cuda_is_refused(name) -> None:
+    with pytest.raises(ConfigError, match="device must be"):
+        resolve_device(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a CUDA device")
+def test_cuda_without_a_cuda_device_is_refused_with_the_reason() -> None:
+    with pytest.raises(ConfigError, match="PyTorch sees no CUDA device"):
+        resolve_device("cuda:0")
