@@ -62,6 +62,8 @@ class Int8GemmWeight:
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, in] @ W^T in x's dtype: activations coded per token (row), outlier columns
         multiplied in x's dtype, `ROWS_PER_GEMM` tokens at a time."""
+        if x.shape[0] == 0:  # NOTE: no column peaks to take: the empty product
+            return x.new_empty(0, self.codes.shape[0])
         if x.shape[0] <= ROWS_PER_GEMM:
             return self._matmul_rows(x)
         y = x.new_empty(x.shape[0], self.codes.shape[0])

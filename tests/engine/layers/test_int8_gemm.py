@@ -77,3 +77,10 @@ def test_all_zero_activations_give_zero_sums(generator) -> None:
     gemm = Int8GemmWeight.from_rows(torch.randn(32, 64, generator=generator))
     x = torch.zeros(17, 64)
     assert torch.count_nonzero(gemm.matmul(x)) == 0
+
+
+def test_a_step_of_no_tokens_gives_no_rows(generator) -> None:
+    """As the dequantizing path does: an empty product, not a reduction over no tokens."""
+    gemm = Int8GemmWeight.from_rows(torch.randn(32, 64, generator=generator))
+    y = gemm.matmul(torch.empty(0, 64, dtype=torch.bfloat16))
+    assert y.shape == (0, 32) and y.dtype == torch.bfloat16
