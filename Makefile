@@ -46,8 +46,9 @@ browser:
 	@{ fc-list :lang=zh family 2>/dev/null | grep -q . \
 		|| test -e /usr/share/fonts/opentype/noto/NotoSansCJK-Regular.ttc; } || { \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-			apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-				apt-get install -y -qq fonts-noto-cjk >/dev/null; \
+			{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+				apt-get install -y -qq fonts-noto-cjk >/dev/null; } \
+			|| echo "warning: fonts-noto-cjk could not be installed, so the Chinese screenshots show empty boxes" >&2; \
 		else \
 			echo "warning: no CJK font, so the Chinese screenshots show empty boxes: sudo apt-get install fonts-noto-cjk" >&2; \
 		fi; \
