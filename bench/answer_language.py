@@ -60,7 +60,7 @@ from bench.squad_questions import (
     read_jsonl,
 )
 from evals.answer_metrics import cjk_share, is_chinese, score_chinese_answer
-from harness import CannotRunError, cpu_name, rounded, run_cli
+from harness import CannotRunError, chat_model_dir, cpu_name, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 logger = logging.getLogger(__name__)
@@ -236,7 +236,6 @@ def run_benchmark(
 ) -> dict:
     """Every set with the old and new system prompts (and `candidates`, named candidate1...)."""
     from bench.squad_retrieval import passages_to_index, retrieve
-    from inference.model_files import ModelSourceError, resolve_chat_model
 
     questions, retrieved = {}, {}
     try:
@@ -248,14 +247,11 @@ def run_benchmark(
                 retrieved[name] = retrieve(questions[name], passages, top_k=top_k)
     except SquadDataError as error:
         raise CannotRunError(str(error)) from None
-    try:
-        resolved = resolve_chat_model(model, models_dir)
-    except ModelSourceError as error:
-        raise CannotRunError(f"model {model}: {error}") from None
+    model_dir = chat_model_dir(model, models_dir)
     prompts_by_name = system_prompts() | {
         f"candidate{number}": text for number, text in enumerate(candidates, start=1)
     }
-    engine = build_engine(resolved.directory, "auto", dtype="auto", kv_cache_mb=kv_cache_mb)
+    engine = build_engine(model_dir, "auto", dtype="auto", kv_cache_mb=kv_cache_mb)
     try:
         config = {
             "model": model,

@@ -42,7 +42,7 @@ from bench.answer_quality import (
 from bench.retrieval import percentiles
 from bench.squad_questions import DEFAULT_SQUAD_DIR, SquadDataError, load_passages, load_questions
 from evals.answer_metrics import is_chinese, score_answer, score_chinese_answer
-from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
+from harness import CannotRunError, chat_model_dir, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 logger = logging.getLogger(__name__)
@@ -169,21 +169,17 @@ def run_benchmark(
 ) -> dict:
     from bench.squad_retrieval import passages_to_index, retrieve
     from inference.engine import Engine, EngineConfig
-    from inference.model_files import ModelSourceError, resolve_chat_model
 
     try:
         questions, corpus = load_eval_set(squad_dir, num_questions)
     except SquadDataError as error:
         raise CannotRunError(str(error)) from None
-    try:
-        resolved = resolve_chat_model(model, models_dir)
-    except ModelSourceError as error:
-        raise CannotRunError(f"model {model}: {error}") from None
+    model_dir = chat_model_dir(model, models_dir)
     retrieved = retrieve(
         questions, passages_to_index(questions, corpus, index_passages), top_k=top_k
     )
     config = EngineConfig(
-        model_dir=resolved.directory,
+        model_dir=model_dir,
         max_model_len=4096,
         kv_cache_mb=kv_cache_mb,
         max_num_batched_tokens=2048,

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bench.squad_questions import SquadDataError, load_passages
-from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
+from harness import CannotRunError, chat_model_dir, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 QUESTION = "According to the passages above, what is the first topic they cover?"
@@ -84,12 +84,8 @@ def run_bench(*, model: str, prefix_tokens: int, rounds: int, models_dir: Path) 
     from inference.engine import EngineConfig, ModelRunner
     from inference.engine.core.sampling_params import SamplingParams
     from inference.engine.engine import Engine, _load_tokenizer
-    from inference.model_files import ModelSourceError, resolve_chat_model
 
-    try:
-        model_dir = resolve_chat_model(model, models_dir).directory
-    except ModelSourceError as error:
-        raise CannotRunError(f"model {model}: {error}") from None
+    model_dir = chat_model_dir(model, models_dir)
     with tempfile.TemporaryDirectory(prefix="cachet-kv-disk-") as disk:
         config = EngineConfig(
             model_dir, max_model_len=prefix_tokens + 512, kv_disk_cache_dir=Path(disk)

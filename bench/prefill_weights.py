@@ -29,7 +29,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness import CannotRunError, cpu_name, default_models_dir, rounded, run_cli
+from harness import CannotRunError, chat_model_dir, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 CASES = ("prefill", "scattered")
@@ -46,17 +46,14 @@ def run_benchmark(
 
     from bench.perplexity import perplexity
     from inference.engine import BatchEntry, EngineConfig, ModelRunner
+    from inference.engine.engine import _load_tokenizer
     from inference.engine.kernels import has_amx, has_int8_dot_products
     from inference.engine.layers.quantization import dense_weight_layers
     from inference.engine.model_runner import INT8_GEMM_KERNEL_TOKENS, dense_kernel_token_limit
-    from inference.model_files import ModelSourceError, resolve_chat_model
 
-    try:
-        resolved = resolve_chat_model(model, models_dir)
-    except ModelSourceError as error:
-        raise CannotRunError(f"model {model}: {error}") from None
+    model_dir = chat_model_dir(model, models_dir)
     config = EngineConfig(
-        model_dir=resolved.directory,
+        model_dir=model_dir,
         max_model_len=max(num_tokens, PERPLEXITY_WINDOW),
         kv_cache_mb=max(64, max(num_tokens, PERPLEXITY_WINDOW) // 8),
         prefill_weights="quantized",
@@ -111,7 +108,7 @@ def run_benchmark(
                 runner.execute([entries[case]])
                 seconds.setdefault(f"{case}/{setting}", []).append(time.perf_counter() - began)
     medians = {name: statistics.median(values) for name, values in seconds.items()}
-    text_ids = runner_tokenizer(resolved.directory)(QUALITY_TEXT.read_text())["input_ids"]
+    text_ids = _load_tokenizer(model_dir)(QUALITY_TEXT.read_text())["input_ids"]
     text_ids = text_ids[:perplexity_tokens]
     perplexities = {}
     for setting in SETTINGS:
@@ -145,13 +142,6 @@ def run_benchmark(
         "torch_threads": torch.get_num_threads(),
         "cpu": cpu_name(),
     }
-
-
-def runner_tokenizer(model_dir: Path):
-    """The model directory's tokenizer, as the engine loads it."""
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
 
 
 def format_table(report: dict) -> str:

@@ -23,6 +23,17 @@ class CannotRunError(RuntimeError):
     """The run could not go on (the server did not start, setting up the site failed...)."""
 
 
+def chat_model_dir(model: str, models_dir: Path) -> Path:
+    """The prepared directory of the chat model `model` (a catalogue name, a Hugging Face id or
+    a directory) in `models_dir`; CannotRunError naming the model where it cannot be had."""
+    from inference.model_files import ModelSourceError, resolve_chat_model
+
+    try:
+        return resolve_chat_model(model, models_dir).directory
+    except ModelSourceError as error:
+        raise CannotRunError(f"model {model}: {error}") from None
+
+
 def rounded(value: float | None, digits: int = 4) -> float | None:
     return None if value is None else round(float(value), digits)
 
