@@ -38,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from bench.ingestion_documents import Upload, expected_chunks, make_uploads, time_stages
-from bench.lexical_store import cpu_model
 from bench.throwaway_database import throwaway_database
+from harness import cpu_name
 from harness.celery_worker import start_worker, stop_worker, wait_until_ready
 
 logger = logging.getLogger(__name__)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": {name: round(s, 2) for name, s in stage_s.items()},
                 "share": {name: round(s / sum(stage_s.values()), 3) for name, s in stage_s.items()},
             },
-            "cpu": cpu_model(),
+            "cpu": cpu_name(),
             "load_avg_1m": round(os.getloadavg()[0], 2),
         }
     json.dump(report, sys.stdout, indent=2, ensure_ascii=False)

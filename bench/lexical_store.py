@@ -27,7 +27,6 @@ import logging
 import os
 import random
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -38,6 +37,7 @@ from urllib.parse import urlparse, urlunparse
 import numpy as np
 
 from bench.retrieval import percentiles
+from harness import cpu_name
 
 if TYPE_CHECKING:
     from retrieval.chunking import ChunkDraft
@@ -77,17 +77,6 @@ def load_sentences_and_queries(num_queries: int) -> tuple[list[str], list[str]]:
             queries += [json.loads(line)["text"] for line in (query_set / "queries.jsonl").open()]
     random.Random(0).shuffle(queries)
     return sentences, queries[:num_queries]
-
-
-def cpu_model() -> str:
-    try:
-        output = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    for line in output.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
 
 
 def load_through_store(
@@ -356,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             existing=bool(args.existing_database),
             query_paths=query_paths,
         )
-        result["cpu"] = cpu_model()
+        result["cpu"] = cpu_name()
         result["load_avg_1m"] = round(os.getloadavg()[0], 2)
         connections.close_all()
     finally:

@@ -40,9 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.lexical_store import cpu_model
 from bench.retrieval import percentiles
 from bench.throwaway_database import throwaway_database
+from harness import cpu_name
 
 DIMENSION = 384
 MODEL = "bench-synthetic"
@@ -319,7 +319,7 @@ def run_bench(
         "index_build_s": None if index_build_s is None else round(index_build_s, 1),
         "plans": measured,
         "load_avg_1m": round(os.getloadavg()[0], 2),
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
     }
 
 
