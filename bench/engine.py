@@ -82,7 +82,12 @@ def bench_hf(
 
 
 def bench_engine(
-    model_dir: Path, workload: Workload, seeds: Seeds, kv_cache_mb: int, dtype: str
+    model_dir: Path,
+    workload: Workload,
+    seeds: Seeds,
+    kv_cache_mb: int,
+    dtype: str,
+    prefill_weights: str = "quantized",
 ) -> dict:
     from inference.engine import Engine, EngineConfig
 
@@ -95,6 +100,7 @@ def bench_engine(
             kv_cache_mb=kv_cache_mb,
             max_num_seqs=max(max_concurrency, 1),
             max_num_batched_tokens=512,
+            prefill_weights=prefill_weights,
         )
         engine = Engine(config)
         try:
@@ -183,6 +189,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--engine-dtype", default="auto", help="engine dtype (auto: bf16 where native, else fp32)"
     )
     parser.add_argument("--hf-dtype", default="bfloat16", help="baseline dtype (issue: bf16)")
+    parser.add_argument(
+        "--prefill-weights",
+        choices=("auto", "dense", "int8", "quantized"),
+        default="quantized",
+        help="the engine's prefill_weights (README, Prefill weights)",
+    )
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     parser.add_argument(
         "--table", action="store_true", help="the optimization table (see optimization_table.py)"
@@ -222,7 +234,9 @@ def main(argv: list[str] | None = None) -> dict:
         "output_tokens": workload.output_tokens,
         "torch_threads": torch.get_num_threads(),
     }}  # fmt: skip
-    result["engine"] = bench_engine(model_dir, workload, seeds, args.kv_cache_mb, args.engine_dtype)
+    result["engine"] = bench_engine(
+        model_dir, workload, seeds, args.kv_cache_mb, args.engine_dtype, args.prefill_weights
+    )
     if not args.skip_hf:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         hf_dtype = parse_dtype(args.hf_dtype)
