@@ -271,11 +271,17 @@ def test_staff_upload_a_document_and_watch_it_become_ready(log_in, tmp_path) -> 
 
 # The interface's own text on a page, where a reader sees or hears it: visible text and the
 # labels, titles and placeholders, outside what users, documents and the model wrote.
-INTERFACE_TEXT = """() => {
+# The interface's own words on the page. What people wrote (messages, titles, names) is left out:
+# the selectors below plus `written` (more selectors) and `names` (strings cut out of a label that
+# quotes one). It only reads the page: a test that removed nodes instead broke the page's own
+# scripts when they re-rendered what it removed.
+INTERFACE_TEXT = """(options) => {
+  const {written: moreWritten = [], names = []} = options || {};  // Playwright passes null
   const written = [".message .content", ".message.user", ".source-list", "#conversation-list",
     "#conversation-title", "#conversation-meta", "#collection-options", "#profile-select",
     ".user-row", ".brand", ".language-option[lang=en]",
-    "script", "style", "noscript"].join(", ");
+    "script", "style", "noscript", ...moreWritten].join(", ");
+  const unnamed = (text) => names.reduce((rest, name) => rest.split(name).join(""), text);
   const texts = [];
   const walker = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
   while (walker.nextNode()) {
@@ -289,7 +295,7 @@ INTERFACE_TEXT = """() => {
     for (const name of ["aria-label", "title", "placeholder"]) {
       // NOTE: the stats' title names the model.
       if (name === "title" && element.classList.contains("stats")) continue;
-      if (element.getAttribute(name)) texts.push(element.getAttribute(name));
+      if (element.getAttribute(name)) texts.push(unnamed(element.getAttribute(name)));
     }
   }
   return texts.join("\\n");

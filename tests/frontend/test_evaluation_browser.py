@@ -113,9 +113,6 @@ def test_a_member_never_sees_the_evaluation_page_its_link_or_the_admin(server, l
 # What the golden set and the model wrote is left out of the language check; the metrics keep
 # their names (recall@5, nDCG@10, MRR@10, F1), as the literature writes them.
 KEPT_ON_THE_PAGE = test_browser.KEPT_IN_CHINESE | {"Recall", "recall", "nDCG", "MRR"}
-REMOVE_WRITTEN = """() => {
-  for (const node of document.querySelectorAll(".text, .retrieved-list")) node.remove();
-}"""
 
 
 def test_in_chinese_the_evaluation_page_has_no_english_left(server, log_in) -> None:
@@ -127,9 +124,7 @@ def test_in_chinese_the_evaluation_page_has_no_english_left(server, log_in) -> N
         page.wait_for_selector("#run-detail:not([hidden]) tr.result-row")
     assert page.inner_text("#run-button") == "运行评估"
     screenshot(page, "eval-run-zh.png")
-    text = page.evaluate(
-        f"() => {{ ({REMOVE_WRITTEN})(); return ({test_browser.INTERFACE_TEXT})(); }}"
-    )
+    text = page.evaluate(test_browser.INTERFACE_TEXT, {"written": [".text", ".retrieved-list"]})
     words = set(re.findall(r"[A-Za-z]{2,}", text))
     assert words <= KEPT_ON_THE_PAGE, f"English left: {words - KEPT_ON_THE_PAGE}"
     page.context.close()

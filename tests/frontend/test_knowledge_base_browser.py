@@ -262,18 +262,14 @@ def test_a_member_never_sees_the_staff_tools_and_the_endpoints_refuse_them(serve
 # What users and documents wrote (titles, names) is left out of the language check.
 # A unit and a format's name stay Latin in Chinese text too.
 KEPT_IN_CHINESE = test_browser.KEPT_IN_CHINESE | {"MB", "zip"}
-REMOVE_WRITTEN = """() => {
-  // A progress bar's label names its document: that name is written, the words around it are not.
-  for (const item of document.querySelectorAll(".queue-item")) {
-    const title = item.querySelector(".queue-title").textContent;
-    const track = item.querySelector(".progress-track");
-    track.setAttribute("aria-label", track.getAttribute("aria-label").replace(title, ""));
-  }
-  for (const node of document.querySelectorAll(
-    ".queue-title, .queue-collection, .bulk-name, .upload-name,"
-    + " #upload-collection option:not([value=new]), #new-collection-readers .picker-option span,"
-    + " #new-collection-name")) node.remove();
-}"""
+# What people wrote: document titles and collection names (a progress bar's label quotes its
+# document's title: the title is written, the words around it are not).
+WRITTEN_ON_THE_QUEUE = """() => ({
+  written: [".queue-title", ".queue-collection", ".bulk-name", ".upload-name",
+    "#upload-collection option:not([value=new])", "#new-collection-readers .picker-option span",
+    "#new-collection-name"],
+  names: [...document.querySelectorAll(".queue-title")].map((title) => title.textContent),
+})"""
 
 
 def test_in_chinese_the_staff_tools_and_the_queue_have_no_english_left(
@@ -302,11 +298,9 @@ def test_in_chinese_the_staff_tools_and_the_queue_have_no_english_left(
     page.wait_for_selector("#new-collection:not([hidden])")
     page.click("#queue-open")
     page.wait_for_selector("#ingestion-queue[open] .queue-item, #queue-empty:not([hidden])")
-    # NOTE: removed and read in one task: the queue re-renders its items while others' documents
-    # are still ingesting, which put their titles back between two separate evaluations.
-    text = page.evaluate(
-        f"() => {{ ({REMOVE_WRITTEN})(); return ({test_browser.INTERFACE_TEXT})(); }}"
-    )
+    # NOTE: titles read and text read in one task: the queue re-renders its items while others'
+    # documents are still ingesting.
+    text = page.evaluate(f"() => ({test_browser.INTERFACE_TEXT})(({WRITTEN_ON_THE_QUEUE})())")
     words = set(re.findall(r"[A-Za-z]{2,}", text))
     assert words <= KEPT_IN_CHINESE, f"English left: {words - KEPT_IN_CHINESE}"
     assert "导入队列" in page.inner_text("#ingestion-queue")
