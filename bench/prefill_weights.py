@@ -75,11 +75,11 @@ def run_benchmark(
         limits[setting] = [limit] * len(layers)
         for layer, quantized_limit in zip(layers, limits["quantized"], strict=True):
             layer.max_kernel_tokens = quantized_limit
-    copies = [(layer.dense_weight_t, layer.int8_gemm_weight) for layer in layers]
+    copies = [(layer.dense_weight, layer.int8_gemm_weight) for layer in layers]
 
     def use(setting: str) -> None:
         for layer, limit, (dense, codes) in zip(layers, limits[setting], copies, strict=True):
-            layer.dense_weight_t = dense if setting == "dense" else None
+            layer.dense_weight = dense if setting == "dense" else None
             layer.int8_gemm_weight = codes if setting == "int8" else None
             layer.max_kernel_tokens = limit
 

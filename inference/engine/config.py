@@ -137,13 +137,12 @@ class EngineConfig:
     chunk_kv_reuse: bool = False
     chunk_kv_recompute_tokens: int = 16
     # Quantized layers' weights for prefill-sized steps (model_runner.py, "Prefill weights" in
-    # the README): "dense" keeps a copy in the model dtype, so those steps run one GEMM instead
-    # of dequantizing every weight each time (more memory: the 1.5B's 2.9 GiB);
-    # "int8" keeps int8 codes (a byte a weight), so those steps run one integer GEMM on the
-    # CPU's int8 dot products (layers/int8_gemm.py); "quantized" dequantizes; "auto": dense on
-    # CPUs with AMX (bf16) where the copy fits.
-    # NOTE: "quantized" by default until the whole suite has run with "auto" on an AMX CPU.
-    prefill_weights: str = "quantized"
+    # the README): "dense" keeps a copy in the model dtype, so those steps (and decode steps
+    # of many sequences) run one GEMM instead of dequantizing every weight each time (more
+    # memory: the 1.5B's 3.3 GiB); "int8" keeps int8 codes (a byte a weight), so those steps
+    # run one integer GEMM on the CPU's int8 dot products (layers/int8_gemm.py); "quantized"
+    # dequantizes; "auto": dense on CPUs with AMX (bf16) where the copy fits, else quantized.
+    prefill_weights: str = "auto"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)

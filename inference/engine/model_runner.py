@@ -189,9 +189,14 @@ class ModelRunner:
             "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
         )
         if self.uses_decode_kernel and config.fused_decode:
-            self.model.fused_decode = FusedDecode.build(
-                self.model, self.kv_cache.layers, config.block_size
-            )
+            fused = FusedDecode.build(self.model, self.kv_cache.layers, config.block_size)
+            if fused is not None and self.prefill_weights == "dense":
+                # NOTE: decodes of more sequences than the quantized kernels' limit run on the
+                # dense copies, layer by layer (packed bf16 on a Sapphire Rapids core: 32
+                # decodes of 1,264 tokens 602 -> 385 ms a step, 16 343 -> 277; at 8 the fused
+                # call wins, 220 against 246).
+                fused.max_tokens = dense_kernel_token_limit()
+            self.model.fused_decode = fused
 
     def execute(self, entries: list[BatchEntry]) -> torch.Tensor:
         """float32 logits [sum of num_logits, vocab_size]: each entry's last token(s), in order."""
@@ -212,7 +217,12 @@ class ModelRunner:
             # NOTE: a pure decode step on the fused path attends each context whole: with the
             # layers' Python gone that beats the cascade over a shared prefix (measured, 28
             # decodes: 320 shared + 600 own tokens 65 -> 51 ms a step; 1,008 + 256, 52 -> 51).
-            is_fused_step = self.model.fused_decode is not None and max(query_lens) == 1
+            fused = self.model.fused_decode
+            is_fused_step = (
+                fused is not None
+                and max(query_lens) == 1
+                and (fused.max_tokens is None or len(query_lens) <= fused.max_tokens)
+            )
             metadata = build_attention_metadata(
                 query_lens,
                 [e.num_computed_tokens for e in ordered],
@@ -304,17 +314,20 @@ class ModelRunner:
         (a 200-token step of the 1.5B 9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured
         side by side); without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight
         memory. "int8" keeps int8 codes (a byte a weight: layers/int8_gemm.py) for the CPU's
-        int8 dot products (VNNI). The logits table stays quantized: it only ever sees a few
-        tokens."""
+        int8 dot products (VNNI). Dense copies cover the logits table too, since decode steps
+        of many sequences run on them (see `__init__`; its 32-row step on the 1.5B's quantized
+        table took 86 ms on a Sapphire Rapids core); int8 codes leave it quantized: decodes
+        keep the fused call there, and prefill steps need a few rows of logits."""
+        is_auto = setting == "auto"
+        if is_auto:
+            setting = auto_prefill_weights(self.dtype)
         if setting == "quantized" or self.device.type != "cpu":
             return "quantized", 0
-        layers = dense_weight_layers(self.model, skip=(self.model.lm_head,))
+        skip = (self.model.lm_head,) if setting == "int8" else ()
+        layers = dense_weight_layers(self.model, skip=skip)
         if not layers:
             return "quantized", 0
-        if setting == "auto":
-            setting = auto_prefill_weights(self.dtype)
-            if setting == "quantized":
-                return "quantized", 0
+        if is_auto:  # what was not asked for must leave room
             element_bytes = 1 if setting == "int8" else self.dtype.itemsize
             num_bytes = element_bytes * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()

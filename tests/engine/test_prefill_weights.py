@@ -21,6 +21,7 @@ from inference.engine.model_runner import (
     DENSE_AMX_KERNEL_TOKENS,
     INT8_GEMM_KERNEL_TOKENS,
     ModelRunner,
+    dense_kernel_token_limit,
 )
 from tests.engine.real_model import RealEngines, chat
 
@@ -31,12 +32,14 @@ PREDICTION_TOKENS = 448  # 7 prefill chunks of 64 tokens
 DATA_DIR = Path(__file__).parents[1] / "data"
 
 
-def quantized_runner(model_dir, dtype: str, prefill_weights: str) -> ModelRunner:
+def quantized_runner(
+    model_dir, dtype: str, prefill_weights: str, kv_cache_mb: int = 32
+) -> ModelRunner:
     config = EngineConfig(
         model_dir,
         dtype=dtype,
         quantization="auto",  # the GGUF's own int4/int8 tensors
-        kv_cache_mb=32,
+        kv_cache_mb=kv_cache_mb,
         max_model_len=MAX_MODEL_LEN,
         prefill_weights=prefill_weights,
     )
@@ -138,6 +141,41 @@ def test_int8_prefill_weights_keep_the_models_next_token_predictions(
     agreement = float((predictions["int8"] == predictions["quantized"]).float().mean())
     assert agreement >= 0.88
     assert perplexities["int8"] == pytest.approx(perplexities["quantized"], rel=0.03)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies(
+    chat_model_dir, real_tokenizer, dtype
+) -> None:
+    """Past the quantized kernels' token limit a decode step leaves the fused call and runs
+    layer by layer on the dense copies, the logits table's included; its logits are the
+    quantized path's, up to the kernels' 8-bit activation codes (and in bf16 the packed GEMM's
+    rounding)."""
+    num_sequences, prompt_len = dense_kernel_token_limit() + 4, 24
+    token_ids = real_tokenizer((DATA_DIR / "squad_passages.txt").read_text())["input_ids"]
+    prompts = [token_ids[i * prompt_len : (i + 1) * prompt_len] for i in range(num_sequences)]
+    blocks = -(-(prompt_len + 1) // 16)
+    tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(num_sequences)]
+    logits = {}
+    for setting in ("quantized", "dense"):
+        # NOTE: room for 68 sequences where the limit is 64 (no AMX), in float32
+        runner = quantized_runner(chat_model_dir, dtype, setting, kv_cache_mb=160)
+        prefill = runner.execute(
+            [BatchEntry(p, 0, t) for p, t in zip(prompts, tables, strict=True)]
+        )
+        next_ids = prefill.argmax(-1).tolist()
+        decodes = [BatchEntry([n], prompt_len, t) for n, t in zip(next_ids, tables, strict=True)]
+        logits[setting] = runner.execute(decodes)
+        if setting == "dense":
+            assert runner.model.lm_head.dense_weight is not None
+            fused = runner.model.fused_decode
+            assert fused is None or fused.max_tokens == dense_kernel_token_limit()
+    agreement = (logits["dense"].argmax(-1) == logits["quantized"].argmax(-1)).float()
+    error = (logits["dense"] - logits["quantized"]).norm() / logits["quantized"].norm()
+    if dtype == "float32":  # the kernels' activation codes against the dense GEMM's floats
+        assert float(agreement.mean()) == 1.0 and float(error) < 1e-3
+    else:
+        assert float(agreement.mean()) >= 0.9 and float(error) < 0.03
 
 
 def test_auto_keeps_dense_copies_only_for_bf16_on_cpus_with_amx(chat_model_dir) -> None:

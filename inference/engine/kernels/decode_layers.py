@@ -238,6 +238,9 @@ class FusedDecode:
         )
         self._layers = (_Layer * len(layers))(*layers)
         self._num_kv_heads = args.num_kv_heads
+        # Decode steps of more tokens run layer by layer: set where the layers keep dense
+        # weights whose GEMM beats the fused call's quantized matmuls from that many tokens on.
+        self.max_tokens: int | None = None
 
     @classmethod
     def build(
@@ -258,10 +261,12 @@ class FusedDecode:
     def applies_to(
         self, metadata: AttentionMetadata, kv_caches: list[LayerKVCache], num_tokens: int
     ) -> bool:
-        """Whether this step is one the fused call runs: single-token decodes only, on the
-        caches it was built for, attended without a shared-prefix cascade."""
+        """Whether this step is one the fused call runs: single-token decodes only (at most
+        `max_tokens` of them), on the caches it was built for, attended without a shared-prefix
+        cascade."""
         return (
             kv_caches is self.kv_caches
+            and (self.max_tokens is None or num_tokens <= self.max_tokens)
             and metadata.decode_block_table is not None
             and metadata.num_decode_tokens == num_tokens
             and metadata.decode_shared_gather_index is None

@@ -60,6 +60,7 @@ from inference.engine.kernels.int4_linear import (
 from inference.engine.kernels.int8_linear import MAX_TOKENS as NATIVE_INT8_MAX_TOKENS
 from inference.engine.kernels.int8_linear import int8_matmul
 from inference.engine.kernels.weight_matmul import WeightMatmul
+from inference.engine.layers.dense_gemm import DenseGemmWeight
 from inference.engine.layers.int8_gemm import Int8GemmWeight
 
 logger = logging.getLogger(__name__)
@@ -104,9 +105,9 @@ class QuantizedLinear(nn.Module):
     dtype: torch.dtype  # the model's
     # the native kernel's call, where the layer keeps its weight in that kernel's layout
     _native_matmul: WeightMatmul | None = None
-    # W^T [in, out] in the model dtype, kept for steps above the kernel's token limit
+    # the weight in the model dtype, kept for steps above the kernel's token limit
     # (`keep_dense_weight`); None: those steps dequantize the weight every time.
-    dense_weight_t: torch.Tensor | None = None
+    dense_weight: DenseGemmWeight | None = None
     # int8 codes of the weight for the same steps, run as an integer GEMM (`keep_int8_gemm_weight`)
     int8_gemm_weight: Int8GemmWeight | None = None
 
@@ -136,15 +137,15 @@ class QuantizedLinear(nn.Module):
         """Keep W^T dense (the model dtype) for steps of more than `max_kernel_tokens` tokens
         (the kernel's limit drops to it); the bytes the copy takes.
 
-        NOTE: such a step then runs one dense GEMM instead of unpacking every weight first;
-        decodes and small batches still read the quantized weight (measured in the README,
-        "Prefill weights: dense copies")."""
+        NOTE: such a step then runs one dense GEMM instead of unpacking every weight first
+        (in oneDNN's packed layout where it runs: layers/dense_gemm.py); decodes and small
+        batches still read the quantized weight (measured in the README, "Prefill weights")."""
         weight_t = torch.empty(self.in_features, self.out_features, dtype=self.dtype)
         for start, end in self._row_chunks():
             weight_t[:, start:end] = self.dequantize_rows_transposed(start, end, self.dtype)
-        self.dense_weight_t = weight_t
+        self.dense_weight = DenseGemmWeight.from_transposed(weight_t)
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
-        return weight_t.numel() * weight_t.element_size()
+        return self.dense_weight.nbytes
 
     def keep_int8_gemm_weight(self, max_kernel_tokens: int) -> int:
         """Keep the weight as int8 codes per row for steps of more than `max_kernel_tokens`
@@ -171,9 +172,9 @@ class QuantizedLinear(nn.Module):
         """The plain PyTorch path: dequantize row chunks of W and run the dense GEMM (or the GEMM
         alone on the dense copy, `keep_dense_weight`, or the integer GEMM on the int8 copy,
         `keep_int8_gemm_weight`)."""
-        dense = self.dense_weight_t
+        dense = self.dense_weight
         if dense is not None and dense.dtype == x.dtype and dense.device == x.device:
-            return torch.matmul(x, dense)
+            return dense.matmul(x)
         gemm_weight = self.int8_gemm_weight
         if gemm_weight is not None and x.device.type == "cpu":
             return gemm_weight.matmul(x)
