@@ -105,6 +105,10 @@ def test_json_mode_answers_with_an_object(client) -> None:
 
 
 def test_completions_take_a_response_format_too_and_end_with_the_document(client) -> None:
+    # NOTE: a first request puts the prompt's whole blocks in the prefix cache, so the two
+    # compared below compute the same remaining tokens in the same step shape: a GEMM's rounding
+    # can depend on how many rows it is given, and greedy decoding follows near ties.
+    client.completions.create(model=MODEL, prompt=FEW_SHOT, **GREEDY)
     free = client.completions.create(model=MODEL, prompt=FEW_SHOT, **GREEDY)
     bound = client.completions.create(
         model=MODEL, prompt=FEW_SHOT, extra_body={"response_format": city_format()}, **GREEDY

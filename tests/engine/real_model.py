@@ -21,13 +21,20 @@ def bfloat16_runner(
 
 
 def native_dtype_runner(
-    model_dir: Path, *, kv_cache_mb: int, max_model_len: int, quantization: str = "none"
+    model_dir: Path,
+    *,
+    kv_cache_mb: int,
+    max_model_len: int,
+    quantization: str = "none",
+    prefill_weights: str = "auto",
 ):
     """The real model in the dtype "auto" picks on this CPU (bf16 where bf16 arithmetic is
     native, float32 elsewhere): the dtype the native kernels serve here."""
     from inference.engine.config import resolve_auto_dtype
 
-    return _runner(model_dir, resolve_auto_dtype(), kv_cache_mb, max_model_len, quantization)
+    return _runner(
+        model_dir, resolve_auto_dtype(), kv_cache_mb, max_model_len, quantization, prefill_weights
+    )
 
 
 def _runner(
@@ -36,6 +43,7 @@ def _runner(
     kv_cache_mb: int,
     max_model_len: int,
     quantization: str = "none",
+    prefill_weights: str = "auto",
 ):
     from inference.engine import EngineConfig, ModelRunner
 
@@ -48,6 +56,7 @@ def _runner(
         kv_cache_mb=kv_cache_mb,
         block_size=16,
         max_model_len=max_model_len,
+        prefill_weights=prefill_weights,
     )
     return ModelRunner(config)
 

@@ -314,10 +314,16 @@ def test_real_greedy_output_with_a_draft_is_identical_on_the_fused_path(
     # NOTE: contexts stay under 8 blocks (82 + 24 tokens), where the decode attention kernel
     # never splits a context: beyond that its partitions depend on the batch's size, in plain
     # decoding too, and bf16 rounds them differently.
-    # NOTE: int4 weights, which run fused on every CPU with the kernel (bf16 ones need AMX).
+    # NOTE: int4 weights, which run fused on every CPU with the kernel (bf16 ones need AMX),
+    # and no dense copies: with them the verifications of several sequences (more tokens than
+    # the kernels' limit) would run layer by layer on the copies, whose GEMM rounds otherwise.
     target, draft = (
         native_dtype_runner(
-            chat_model_dir, kv_cache_mb=32, max_model_len=REAL_MAX_MODEL_LEN, quantization="int4"
+            chat_model_dir,
+            kv_cache_mb=32,
+            max_model_len=REAL_MAX_MODEL_LEN,
+            quantization="int4",
+            prefill_weights="quantized",
         )
         for _ in range(2)
     )
