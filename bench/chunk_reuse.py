@@ -165,7 +165,7 @@ def run_benchmark(
     squad_dir: Path,
     models_dir: Path,
     kv_cache_mb: int,
-    prefill_weights: str = "quantized",
+    prefill_weights: str | None = None,
 ) -> dict:
     from bench.squad_retrieval import passages_to_index, retrieve
     from inference.engine import Engine, EngineConfig
@@ -185,7 +185,7 @@ def run_benchmark(
         max_num_batched_tokens=2048,
         chunk_kv_reuse=True,
         chunk_kv_recompute_tokens=recompute_tokens,
-        prefill_weights=prefill_weights,
+        **({} if prefill_weights is None else {"prefill_weights": prefill_weights}),
     )
     with Engine(config) as engine:
         if engine.core.scheduler.chunk_reuse_recompute_tokens is None:
@@ -195,6 +195,7 @@ def run_benchmark(
         ingestion = precompute_passages(engine, prompts)
         report = measure(engine, questions, prompts)
         bytes_per_token = engine.runner.kv_cache.bytes_per_token
+        prefill_weights = engine.runner.prefill_weights  # what "auto" (the default) chose
     return {
         "config": {
             "model": model,
@@ -254,7 +255,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=None)
     parser.add_argument("--kv-cache-mb", type=int, default=3072)
     parser.add_argument(
-        "--prefill-weights", choices=("auto", "dense", "int8", "quantized"), default="quantized"
+        "--prefill-weights",
+        choices=("auto", "dense", "int8", "quantized"),
+        default=None,
+        help="the engine's prefill_weights (default: the engine's)",
     )
     parser.add_argument("--smoke", action="store_true", help="bundled model, 4 questions")
     args = parser.parse_args(argv)

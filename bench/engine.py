@@ -87,7 +87,7 @@ def bench_engine(
     seeds: Seeds,
     kv_cache_mb: int,
     dtype: str,
-    prefill_weights: str = "quantized",
+    prefill_weights: str | None = None,
 ) -> dict:
     from inference.engine import Engine, EngineConfig
 
@@ -100,7 +100,7 @@ def bench_engine(
             kv_cache_mb=kv_cache_mb,
             max_num_seqs=max(max_concurrency, 1),
             max_num_batched_tokens=512,
-            prefill_weights=prefill_weights,
+            **({} if prefill_weights is None else {"prefill_weights": prefill_weights}),
         )
         engine = Engine(config)
         try:
@@ -192,8 +192,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument(
         "--prefill-weights",
         choices=("auto", "dense", "int8", "quantized"),
-        default="quantized",
-        help="the engine's prefill_weights (README, Prefill weights)",
+        default=None,
+        help="the engine's prefill_weights (default: the engine's; README, Prefill weights)",
     )
     parser.add_argument("--skip-hf", action="store_true", help="measure the engine only")
     parser.add_argument(
