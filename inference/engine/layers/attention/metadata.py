@@ -47,6 +47,8 @@ class PrefillSpan:
     gather_index: torch.Tensor | None
     # [num_query_tokens, num_context_tokens] bool, True = attend; None: plain causal
     mask: torch.Tensor | None
+    # `mask` as an additive mask in the model dtype (built by the first layer that needs it)
+    additive_mask: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
