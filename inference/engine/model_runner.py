@@ -192,9 +192,9 @@ class ModelRunner:
             fused = FusedDecode.build(self.model, self.kv_cache.layers, config.block_size)
             if fused is not None and self.prefill_weights == "dense":
                 # NOTE: decodes of more sequences than the quantized kernels' limit run on the
-                # dense copies, layer by layer (packed bf16 on a Sapphire Rapids core: 32
-                # decodes of 1,264 tokens 602 -> 385 ms a step, 16 343 -> 277; at 8 the fused
-                # call wins, 220 against 246).
+                # dense copies, layer by layer (packed bf16 on a 2-vCPU AMX Xeon, 1,264-token
+                # contexts: 32 decodes 602 -> 315 ms a step, 16 343 -> 235; at 8 about even,
+                # 200 against 198 with a shared prefix; at 4 the fused call wins, 145 to 190).
                 fused.max_tokens = dense_kernel_token_limit()
             self.model.fused_decode = fused
 
@@ -316,7 +316,7 @@ class ModelRunner:
         memory. "int8" keeps int8 codes (a byte a weight: layers/int8_gemm.py) for the CPU's
         int8 dot products (VNNI). Dense copies cover the logits table too, since decode steps
         of many sequences run on them (see `__init__`; its 32-row step on the 1.5B's quantized
-        table took 86 ms on a Sapphire Rapids core); int8 codes leave it quantized: decodes
+        table took 86 ms on an AMX Xeon); int8 codes leave it quantized: decodes
         keep the fused call there, and prefill steps need a few rows of logits."""
         is_auto = setting == "auto"
         if is_auto:

@@ -4,7 +4,7 @@ A quantized layer that keeps a dense copy (`QuantizedLinear.keep_dense_weight`) 
 its kernel's token limit as one GEMM in the model dtype instead of unpacking its weight first.
 Where oneDNN runs bf16 (`torch.ops.mkldnn`), the copy is kept in oneDNN's own blocked layout
 ("reordered" once, as PyTorch's inductor does for frozen linear layers), so a GEMM reads its tiles
-in order instead of striding through a plain matrix: on a Sapphire Rapids core (AMX) the 1.5B's
+in order instead of striding through a plain matrix: on a 2-vCPU AMX Xeon the 1.5B's
 four matmuls of a layer took 2.5 / 2.9 / 21 ms at 16 / 32 / 512 tokens packed against 7.0 / 5.5
 / 28 ms for `x @ W^T` on the same values (README, "Prefill weights"). Elsewhere (other dtypes,
 builds without oneDNN, a packing that fails or disagrees) the copy is W^T, strided, as before.
