@@ -166,6 +166,7 @@ def run_benchmark(
     models_dir: Path,
     kv_cache_mb: int,
     prefill_weights: str | None = None,
+    selection: str | None = None,
 ) -> dict:
     from bench.squad_retrieval import passages_to_index, retrieve
     from inference.engine import Engine, EngineConfig
@@ -186,6 +187,7 @@ def run_benchmark(
         chunk_kv_reuse=True,
         chunk_kv_recompute_tokens=recompute_tokens,
         **({} if prefill_weights is None else {"prefill_weights": prefill_weights}),
+        **({} if selection is None else {"chunk_kv_selection": selection}),
     )
     with Engine(config) as engine:
         if engine.core.scheduler.chunk_reuse_recompute_tokens is None:
@@ -196,6 +198,7 @@ def run_benchmark(
         report = measure(engine, questions, prompts)
         bytes_per_token = engine.runner.kv_cache.bytes_per_token
         prefill_weights = engine.runner.prefill_weights  # what "auto" (the default) chose
+        by_deviation = engine.core.scheduler.chunk_reuse_by_deviation
     return {
         "config": {
             "model": model,
@@ -203,6 +206,7 @@ def run_benchmark(
             "top_k": retrieved.top_k,
             "gold_retrieved": rounded(retrieved.gold_recall),
             "recompute_tokens": recompute_tokens,
+            "selection": "deviation" if by_deviation else "leading",
             "prefill_weights": prefill_weights,
             "max_answer_tokens": MAX_ANSWER_TOKENS,
             "kv_bytes_per_token": bytes_per_token,
@@ -260,6 +264,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="the engine's prefill_weights (default: the engine's)",
     )
+    parser.add_argument(
+        "--selection",
+        choices=("deviation", "leading"),
+        default=None,
+        help="which tokens of a reused passage are recomputed (default: the engine's)",
+    )
     parser.add_argument("--smoke", action="store_true", help="bundled model, 4 questions")
     args = parser.parse_args(argv)
     if args.smoke:
@@ -282,6 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 models_dir=models_dir,
                 kv_cache_mb=args.kv_cache_mb,
                 prefill_weights=args.prefill_weights,
+                selection=args.selection,
             )
 
     return run_cli(run, as_json=args.json, format_report=format_table, num_errors=lambda _: 0)

@@ -101,6 +101,16 @@ try:
         default=engine_default("chunk_kv_recompute_tokens"),
         minimum=0,
     )
+    # Which tokens of a reused passage are recomputed: "deviation" (those the prompt's context
+    # changes most at an early layer) or "leading" (its first ones).
+    CACHET_CHUNK_KV_SELECTION = env.read_str(
+        os.environ, "CACHET_CHUNK_KV_SELECTION", default=engine_default("chunk_kv_selection")
+    )
+    if CACHET_CHUNK_KV_SELECTION not in {"deviation", "leading"}:
+        raise env.ConfigError(
+            "CACHET_CHUNK_KV_SELECTION",
+            f"expected deviation or leading; got {CACHET_CHUNK_KV_SELECTION!r}",
+        )
     # Quantized layers' weights for prefill-sized steps: "dense" keeps a copy in the model dtype
     # (one GEMM a step, more memory), "quantized" dequantizes each step, "auto" is dense on CPUs
     # with AMX where the copy fits (inference/engine/model_runner.py).

@@ -29,6 +29,7 @@ PROCESS_SETTINGS: dict[str, str] = {
     "kv_disk_cache_mb": "CACHET_KV_DISK_CACHE_MB",
     "chunk_kv_reuse": "CACHET_CHUNK_KV_REUSE",
     "chunk_kv_recompute_tokens": "CACHET_CHUNK_KV_RECOMPUTE_TOKENS",
+    "chunk_kv_selection": "CACHET_CHUNK_KV_SELECTION",
     "prefill_weights": "CACHET_PREFILL_WEIGHTS",
     "device": "CACHET_DEVICE",
 }

@@ -133,9 +133,12 @@ class EngineConfig:
     kv_disk_cache_mb: float = 4096.0
     # Chunk-KV reuse (core/chunk_reuse.py): prompts that name their passages (`reusable`) copy
     # the keys/values of passages computed on their own instead of prefilling them, recomputing
-    # the first chunk_kv_recompute_tokens of each. Approximate: off unless chosen.
+    # chunk_kv_recompute_tokens of each: those whose keys/values the prompt's context changes
+    # most ("deviation", measured at an early layer), or the passage's first ones ("leading").
+    # Approximate: off unless chosen.
     chunk_kv_reuse: bool = False
     chunk_kv_recompute_tokens: int = 16
+    chunk_kv_selection: str = "deviation"
     # Quantized layers' weights for prefill-sized steps (model_runner.py, "Prefill weights" in
     # the README): "dense" keeps a copy in the model dtype, so those steps (and decode steps
     # of many sequences) run one GEMM instead of dequantizing every weight each time (more
@@ -166,6 +169,11 @@ class EngineConfig:
         if not self.kv_cache_mb > 0:
             raise ConfigError(f"kv_cache_mb must be > 0, got {self.kv_cache_mb}")
         _check_int("chunk_kv_recompute_tokens", self.chunk_kv_recompute_tokens, minimum=0)
+        if self.chunk_kv_selection not in CHUNK_KV_SELECTIONS:
+            raise ConfigError(
+                f"chunk_kv_selection must be one of {list(CHUNK_KV_SELECTIONS)}, "
+                f"got {self.chunk_kv_selection!r}"
+            )
         if self.prefill_weights not in PREFILL_WEIGHTS:
             raise ConfigError(
                 f"prefill_weights must be one of {list(PREFILL_WEIGHTS)}, "
@@ -279,6 +287,7 @@ def _check_bool(name: str, value: object) -> None:
 
 
 PREFILL_WEIGHTS = ("auto", "dense", "int8", "quantized")
+CHUNK_KV_SELECTIONS = ("deviation", "leading")
 
 
 def resolve_device(name: object) -> str:

@@ -33,6 +33,7 @@ from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.block_manager import BlockManager
 from inference.engine.core.chunk_reuse import release
 from inference.engine.core.detokenizer import IncrementalDetokenizer
+from inference.engine.core.reusable_spans import BlendPlan
 from inference.engine.core.scheduler import Scheduler, SchedulerOutput
 from inference.engine.core.sequence import FinishReason, Sequence
 from inference.engine.core.speculative import NgramProposer
@@ -92,6 +93,8 @@ class EngineCore:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens,
             chunk_reuse_recompute_tokens=chunk_reuse_recompute_tokens,
+            chunk_reuse_by_deviation=chunk_reuse_recompute_tokens is not None
+            and _chunk_reuse_by_deviation(config, runner),
         )
         self.sampler = Sampler()
         self.proposer: NgramProposer | None = None
@@ -289,8 +292,24 @@ class EngineCore:
         finally:
             release(self.block_manager, plan)
         positions = plan.query_positions
+        if plan.num_selected:
+            positions = self._select_by_deviation(seq, plan)
         token_ids = [seq.token_ids[p] for p in positions]
         return BatchEntry(token_ids, positions[0], seq.block_table, positions=positions)
+
+    def _select_by_deviation(self, seq: Sequence, plan: BlendPlan) -> list[int]:
+        """The blend's query positions plus the `plan.num_selected` reused positions whose
+        keys/values the prompt's context moves most (ModelRunner.kv_deviation, which also
+        leaves the probed layers' keys/values exact for every position)."""
+        reused = sorted(p for run in plan.runs for p in run.target_positions)
+        probed = sorted([*reused, *plan.query_positions])
+        deviation = self.runner.kv_deviation(
+            seq.block_table, probed, [seq.token_ids[p] for p in probed]
+        )
+        index = {p: i for i, p in enumerate(probed)}
+        reused_deviation = deviation[torch.tensor([index[p] for p in reused])]
+        chosen = torch.topk(reused_deviation, plan.num_selected).indices.tolist()
+        return sorted([*plan.query_positions, *(reused[i] for i in chosen)])
 
     def _log_softmax_rows(
         self, logits: torch.Tensor, seqs: list[Sequence], logits_per_seq: list[int]
@@ -453,6 +472,16 @@ def _chunk_reuse_recompute_tokens(config: EngineConfig, runner: ModelRunner) -> 
         logger.warning("chunk-KV reuse is off: %s", reason)
         return None
     return config.chunk_kv_recompute_tokens
+
+
+def _chunk_reuse_by_deviation(config: EngineConfig, runner: ModelRunner) -> bool:
+    """Whether blends choose their recomputed tokens by deviation (else their leading ones)."""
+    if config.chunk_kv_selection != "deviation":
+        return False
+    if not runner.can_probe_kv():
+        logger.info("chunk-KV reuse recomputes each passage's leading tokens: no layer probe")
+        return False
+    return True
 
 
 def _open_disk_cache(

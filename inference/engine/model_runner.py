@@ -34,6 +34,7 @@ from inference.engine.layers.quantization import (
 from inference.engine.layers.rotary import RotaryEmbedding, apply_rotary
 from inference.engine.loader import load_model
 from inference.engine.models.causal_lm import CausalLM
+from inference.engine.models.llama import LlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,10 @@ MAX_DECODE_SPLIT_TOKENS = 8
 # bench.quantized_matmul) the int4 kernel still won at 32 tokens and lost from ~128.
 DENSE_AMX_KERNEL_TOKENS = 8
 DENSE_KERNEL_TOKENS = 64
+# Chunk-KV reuse by deviation (`ModelRunner.kv_deviation`): layers run over a blended prompt to
+# see which reused keys/values its context changes (the last one's are compared). CacheBlend
+# compares at its second layer: the first layer's keys/values do not depend on the context.
+KV_PROBE_LAYERS = 2
 
 
 # With int8 GEMM codes (layers/int8_gemm.py), steps above this many tokens run the integer GEMM:
@@ -366,6 +371,57 @@ class ModelRunner:
         if not isinstance(getattr(self.model, "rotary_emb", None), RotaryEmbedding):
             return f"{type(self.model).__name__} has no single rotary embedding"
         return None
+
+    def can_probe_kv(self) -> bool:
+        """Whether `kv_deviation` runs for this model (the Llama family's plain layer stack)."""
+        return isinstance(self.model, LlamaForCausalLM) and self.model.args.num_layers > 1
+
+    def kv_deviation(
+        self, block_table: list[int], positions: list[int], token_ids: list[int]
+    ) -> torch.Tensor:
+        """How far the prompt's context moves each position's keys/values: float32 [positions].
+
+        Runs the first KV_PROBE_LAYERS layers over `positions` (ascending, everything after
+        the prefix-cache hit), which overwrites their keys/values there, and returns, per
+        position, the relative change of the last probed layer's keys plus that of its values.
+        A reused passage's copied keys/values never saw the passages before it: the positions
+        they move most are where that shows (CacheBlend, "Fast Large Language Model Serving for
+        RAG with Cached Knowledge Fusion", selects the same way at an early layer). The
+        probed layers keep the recomputed keys/values, which are the exact ones.
+        """
+        model = self.model
+        if not isinstance(model, LlamaForCausalLM):
+            raise ValueError(f"{type(model).__name__} has no layer probe")
+        block_size = self.block_size
+        storage = self.kv_cache.storage[0]  # [2, layers, blocks, kv heads, block size, dim]
+        layer = KV_PROBE_LAYERS - 1
+        table = torch.tensor(block_table, dtype=torch.int64)
+        where = torch.tensor(positions, dtype=torch.int64)
+        blocks, offsets = table[where // block_size], where % block_size
+        with torch.inference_mode():
+            before = storage[:, layer][:, blocks, :, offsets, :].float()  # [n, 2, H, D]
+            metadata = build_attention_metadata(
+                [len(positions)],
+                [positions[0]],
+                [block_table],
+                block_size=block_size,
+                num_kv_heads=model.args.num_kv_heads,
+                device=self.device,
+                decode_kernel=self.uses_decode_kernel,
+                query_positions=[positions],
+            )
+            model.run_first_layers(
+                torch.tensor(token_ids, dtype=torch.int64, device=self.device),
+                metadata.positions,
+                metadata,
+                self.kv_cache.layers[:KV_PROBE_LAYERS],
+                KV_PROBE_LAYERS,
+            )
+            after = storage[:, layer][:, blocks, :, offsets, :].float()
+            change = (after - before).flatten(2).norm(dim=2)  # [n, 2]: keys, values
+            size = after.flatten(2).norm(dim=2).clamp_min(1e-6)
+            deviation: torch.Tensor = (change / size).sum(dim=1)
+            return deviation
 
     def copy_reused_kv(self, block_table: list[int], runs: list[BlendRun]) -> None:
         """Copy each run's keys/values from its source slots to its positions in `block_table`,

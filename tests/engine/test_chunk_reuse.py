@@ -16,9 +16,10 @@ import time
 import pytest
 import torch
 
-from inference.engine import ReusableSpans
+from inference.engine import BatchEntry, ReusableSpans
 from inference.engine.core.block_manager import hash_blocks, root_hash
 from inference.engine.core.sampling_params import SamplingParams
+from inference.engine.model_runner import KV_PROBE_LAYERS
 from tests.engine.real_model import RealEngines, float32_runner
 
 pytestmark = pytest.mark.real_weights
@@ -255,3 +256,57 @@ def test_an_engine_without_chunk_reuse_never_reads_blended_blocks_from_disk(
     # Its blocks hold copied passages' keys/values (which never saw the text before them):
     # a prompt of an engine that does not blend computes them.
     assert usage.cached_tokens == 0
+
+
+def test_the_layer_probe_sees_no_change_where_the_cache_holds_a_full_prefills_keys(
+    runner, real_tokenizer
+) -> None:
+    tokens, _ = blended_prompt(real_tokenizer, PASSAGES)
+    block_table = list(range(-(-len(tokens) // BLOCK_SIZE)))
+    runner.execute([BatchEntry(tokens, 0, block_table)])
+    positions = list(range(len(tokens)))
+    unchanged = runner.kv_deviation(block_table, positions, tokens)
+    assert unchanged.shape == (len(tokens),) and float(unchanged.max()) < 1e-5
+
+    # Keys of the probe's last layer moved at two positions: the probe finds those two.
+    storage = runner.kv_cache.storage[0]  # [2, layers, blocks, heads, block, dim]
+    moved = [7, 40]
+    for position in moved:
+        block, offset = block_table[position // BLOCK_SIZE], position % BLOCK_SIZE
+        storage[0, KV_PROBE_LAYERS - 1, block, :, offset, :] += 1.0
+    deviation = runner.kv_deviation(block_table, positions, tokens)
+    assert sorted(torch.topk(deviation, 2).indices.tolist()) == moved
+    # ...and put back what a full prefill holds there.
+    assert float(runner.kv_deviation(block_table, positions, tokens).max()) < 1e-5
+
+
+def test_recomputing_by_deviation_reuses_as_much_and_leaves_the_probed_layers_exact(
+    engines, real_tokenizer
+) -> None:
+    tokens, reusable = blended_prompt(real_tokenizer, PASSAGES[::-1])
+    blends = {}
+    for selection in ("leading", "deviation"):
+        zero_kv(engines)
+        engine = engines.make(
+            chunk_kv_reuse=True, chunk_kv_recompute_tokens=8, chunk_kv_selection=selection
+        )
+        assert engine.core.scheduler.chunk_reuse_by_deviation == (selection == "deviation")
+        compute_passages_alone(engine, real_tokenizer)
+        usage = engine.generate([tokens], GREEDY, reusable=[reusable])[0].usage
+        wait_idle(engine)
+        blends[selection] = (usage, prompt_kv(engine, tokens))
+        engines.shutdown()
+    zero_kv(engines)
+    engines.make().generate([tokens], GREEDY)
+    full_kv = prompt_kv(engines.engines[-1], tokens)
+
+    leading, deviation = blends["leading"], blends["deviation"]
+    assert leading[0].reused_tokens == deviation[0].reused_tokens > 0
+    # The probe's layers hold a full prefill's keys/values at every position; the leading
+    # choice leaves the reused passage's second layer as it was computed alone.
+    start, end = reusable.spans[1]
+    probed = KV_PROBE_LAYERS - 1
+    torch.testing.assert_close(deviation[1][:, probed], full_kv[:, probed], rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(leading[1][:, probed, start:end], full_kv[:, probed, start:end])
+    # Above them, reused positions the probe did not choose keep their copies.
+    assert not torch.allclose(deviation[1][:, -1, start:end], full_kv[:, -1, start:end], atol=1e-3)

@@ -44,10 +44,18 @@ def standalone_tokens(seq: Sequence, span: tuple[int, int], prefix_len: int) -> 
 
 
 def plan_blend(
-    block_manager: BlockManager, seq: Sequence, num_cached: int, recompute_tokens: int
+    block_manager: BlockManager,
+    seq: Sequence,
+    num_cached: int,
+    recompute_tokens: int,
+    *,
+    by_deviation: bool = False,
 ) -> BlendPlan | None:
     """The blend for `seq`'s first admission after `num_cached` prefix-cache tokens, or None
     when nothing can be reused (it is then prefilled as usual).
+
+    Each reused passage has `recompute_tokens` of its tokens recomputed: its first ones, or,
+    `by_deviation`, as many chosen over all passages when the step runs (`num_selected`).
 
     Holds the source blocks it found (the caller releases them with `release` after copying,
     or when it drops the plan).
@@ -80,7 +88,7 @@ def plan_blend(
             missing.append(tokens)  # its tail was evicted: computed again, reused whole next
         block_manager.hold(blocks)
         held.extend(blocks)
-        first = max(start + recompute_tokens, num_cached)
+        first = max(start + (0 if by_deviation else recompute_tokens), num_cached)
         last = min(end, start + num_source_tokens - prefix_len)
         if first >= last:
             continue
@@ -96,7 +104,10 @@ def plan_blend(
         block_manager.release(held)
         return None if not missing else BlendPlan([], [], [], missing)
     query_positions = [p for p in range(num_cached, seq.num_tokens) if p not in reused_positions]
-    return BlendPlan(runs, [block.block_id for block in held], query_positions, missing)
+    num_selected = min(recompute_tokens * len(runs), len(reused_positions)) if by_deviation else 0
+    return BlendPlan(
+        runs, [block.block_id for block in held], query_positions, missing, num_selected
+    )
 
 
 def release(block_manager: BlockManager, plan: BlendPlan) -> None:

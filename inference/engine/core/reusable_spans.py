@@ -58,7 +58,15 @@ class BlendPlan:
     query_positions: list[int]
     # Passages (token lists, prefix included) that had nothing to reuse: to compute on their own.
     missing: list[list[int]] = field(default_factory=list)
+    # Reused positions to recompute as well, chosen when the step runs: those whose keys/values
+    # the prompt's context changes most (EngineCore's blend, ModelRunner.kv_deviation).
+    num_selected: int = 0
 
     @property
     def num_reused_tokens(self) -> int:
-        return sum(len(run.target_positions) for run in self.runs)
+        return sum(len(run.target_positions) for run in self.runs) - self.num_selected
+
+    @property
+    def num_computed_tokens(self) -> int:
+        """The tokens the blend's step computes."""
+        return len(self.query_positions) + self.num_selected

@@ -59,13 +59,16 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         chunk_reuse_recompute_tokens: int | None = None,
+        chunk_reuse_by_deviation: bool = False,
     ):
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         # Chunk-KV reuse (core/chunk_reuse.py): None = off; else the tokens recomputed at the
-        # start of every reused passage.
+        # start of every reused passage, or (`chunk_reuse_by_deviation`) as many per passage
+        # chosen by how much the prompt's context changes their keys/values.
         self.chunk_reuse_recompute_tokens = chunk_reuse_recompute_tokens
+        self.chunk_reuse_by_deviation = chunk_reuse_by_deviation
         # Passages (standalone token lists) a blend found no keys/values for: the engine core
         # computes them on their own after this step (`take_missing_passages`).
         self.missing_passages: list[tuple[list[int], str | None]] = []
@@ -130,7 +133,7 @@ class Scheduler:
             num_cached = len(computed_blocks) * self.block_manager.block_size
             num_uncached = seq.num_uncomputed_tokens - num_cached
             blend = self._plan_blend(seq, computed_blocks, num_cached)
-            if blend is not None and len(blend.query_positions) > budget:
+            if blend is not None and blend.num_computed_tokens > budget:
                 # NOTE: a blend runs in one step; admitted now, a chunk would be all this step
                 # could give and the blend would be lost. A later step has the room.
                 release(self.block_manager, blend)
@@ -158,7 +161,7 @@ class Scheduler:
             if blend is not None:
                 seq.blend = blend
                 seq.num_reused_tokens = blend.num_reused_tokens
-                num_new = len(blend.query_positions)
+                num_new = blend.num_computed_tokens
             scheduled[seq] = num_new
             budget -= num_new
 
@@ -182,14 +185,18 @@ class Scheduler:
         self.block_manager.hold(computed_blocks)
         try:
             plan = plan_blend(
-                self.block_manager, seq, num_cached, self.chunk_reuse_recompute_tokens
+                self.block_manager,
+                seq,
+                num_cached,
+                self.chunk_reuse_recompute_tokens,
+                by_deviation=self.chunk_reuse_by_deviation,
             )
         finally:
             self.block_manager.release(computed_blocks)
         if plan is None:
             return None
         self.missing_passages.extend((tokens, seq.cache_salt) for tokens in plan.missing)
-        if not plan.runs or len(plan.query_positions) > self.max_num_batched_tokens:
+        if not plan.runs or plan.num_computed_tokens > self.max_num_batched_tokens:
             release(self.block_manager, plan)
             return None
         return plan

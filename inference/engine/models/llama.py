@@ -201,3 +201,19 @@ class LlamaForCausalLM(CausalLM):
                 x, residual = layer(x, residual, cos, sin, kv_cache, metadata)
         normed: tuple[torch.Tensor, torch.Tensor | None] = self.norm(x, residual)
         return normed[0]
+
+    def run_first_layers(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        kv_caches: list[LayerKVCache],
+        num_layers: int,
+    ) -> None:
+        """Run only the first `num_layers` decoder layers over a flat token batch: they write
+        its keys/values to their caches (a chunk-KV reuse blend's probe, ModelRunner)."""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary_emb(positions, x.dtype)
+        residual = None
+        for layer, kv_cache in zip(self.layers[:num_layers], kv_caches, strict=False):
+            x, residual = layer(x, residual, cos, sin, kv_cache, metadata)

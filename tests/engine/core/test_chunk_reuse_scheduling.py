@@ -120,3 +120,31 @@ def test_a_passage_whose_cached_tail_was_evicted_is_computed_on_its_own_again() 
 
     assert seq.num_reused_tokens == 4  # what is left of it: its first block after the prefix
     assert scheduler.take_missing_passages() == [(PREFIX + passage, None)]
+
+
+def test_a_blend_by_deviation_recomputes_no_leading_tokens_but_counts_those_it_will_choose() -> (
+    None
+):
+    scheduler = make_scheduler(num_blocks=32)
+    scheduler.chunk_reuse_recompute_tokens = 2
+    scheduler.chunk_reuse_by_deviation = True
+    compute_alone(scheduler, PREFIX + PASSAGE)  # its first block is reusable
+    filler, tail = [300, 301, 302, 303], [400, 401, 402]
+    tokens = PREFIX + filler + PASSAGE + tail
+    start = len(PREFIX + filler)
+    seq = Sequence("q", tokens, SamplingParams(temperature=0))
+    seq.reusable = ReusableSpans(len(PREFIX), ((start, start + len(PASSAGE)),))
+    scheduler.add(seq)
+
+    output = scheduler.schedule()
+
+    plan = seq.blend
+    assert plan is not None and plan.num_selected == 2
+    # The reusable block is copied whole, its leading tokens included; 2 of its tokens are
+    # chosen to be computed again when the step runs.
+    reused = [p for run in plan.runs for p in run.target_positions]
+    assert reused == list(range(start, start + BLOCK_SIZE))
+    assert not set(reused) & set(plan.query_positions)
+    assert plan.num_reused_tokens == BLOCK_SIZE - 2
+    assert plan.num_computed_tokens == len(plan.query_positions) + 2
+    assert output.num_scheduled_tokens == [plan.num_computed_tokens]
