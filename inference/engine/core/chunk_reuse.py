@@ -20,6 +20,13 @@ CacheBlend), and a passage's tail after its last full block is never cached, so 
 recomputed too. The step runs the recomputed tokens at their positions, each attending every
 position before it (`BatchEntry.positions`).
 
+Which passage tokens are recomputed: by default (`by_deviation`, EngineConfig.chunk_kv_selection
+"deviation") not each passage's first ones but, over all passages, as many of those whose keys
+and values the prompt's context changes most. Every reusable token is copied; when the step runs,
+the engine core probes the prompt's first layers (ModelRunner.kv_deviation) and adds the most
+changed positions to the step (`BlendPlan.num_selected`): CacheBlend's selection. Measured
+against the leading choice in the README ("Chunk-KV reuse").
+
 A passage whose keys/values are not cached yet is prefilled normally in that prompt, and
 computed on its own afterwards (an internal request, `standalone_prompts`) so that the next
 prompt holding it reuses it.
