@@ -44,6 +44,7 @@ from bench.squad_questions import DEFAULT_SQUAD_DIR, SquadDataError, load_passag
 from evals.answer_metrics import is_chinese, score_answer, score_chinese_answer
 from harness import CannotRunError, chat_model_dir, cpu_name, default_models_dir, rounded, run_cli
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
+from inference.engine import CHUNK_KV_SELECTIONS, PREFILL_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
@@ -260,13 +261,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kv-cache-mb", type=int, default=3072)
     parser.add_argument(
         "--prefill-weights",
-        choices=("auto", "dense", "int8", "quantized"),
+        choices=PREFILL_WEIGHTS,
         default=None,
         help="the engine's prefill_weights (default: the engine's)",
     )
     parser.add_argument(
         "--selection",
-        choices=("deviation", "leading"),
+        choices=CHUNK_KV_SELECTIONS,
         default=None,
         help="which tokens of a reused passage are recomputed (default: the engine's)",
     )

@@ -25,6 +25,7 @@ import torch
 from bench import optimization_table
 from bench.peak_sampler import mb, peak_rss
 from bench.workload import SMOKE, Seeds, Workload, build_prompts
+from inference.engine import PREFILL_WEIGHTS
 
 logger = logging.getLogger(__name__)
 
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hf-dtype", default="bfloat16", help="baseline dtype (issue: bf16)")
     parser.add_argument(
         "--prefill-weights",
-        choices=("auto", "dense", "int8", "quantized"),
+        choices=PREFILL_WEIGHTS,
         default=None,
         help="the engine's prefill_weights (default: the engine's; README, Prefill weights)",
     )

@@ -7,7 +7,7 @@ Every reader takes the environment mapping explicitly so tests can pass a plain 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import overload
 from urllib.parse import urlparse
@@ -41,6 +41,15 @@ def read_str(env: Mapping[str, str], name: str, default: str | None = None) -> s
     if value is None or value.strip() == "":
         return default
     return value.strip()
+
+
+def read_choice(env: Mapping[str, str], name: str, default: str, choices: Sequence[str]) -> str:
+    """One of `choices` (ConfigError naming them, in their order, for anything else)."""
+    value = read_str(env, name, default)
+    if value not in choices:
+        expected = f"{', '.join(choices[:-1])} or {choices[-1]}" if len(choices) > 1 else choices[0]
+        raise ConfigError(name, f"expected {expected}; got {value!r}")
+    return value
 
 
 def read_bool(env: Mapping[str, str], name: str, default: bool) -> bool:

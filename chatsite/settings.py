@@ -14,8 +14,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
 from inference import catalogue, model_files
+from inference.engine import CHUNK_KV_SELECTIONS, PREFILL_WEIGHTS, resolve_device
 from inference.engine import ConfigError as EngineConfigError
-from inference.engine import resolve_device
 from inference.engine_settings import engine_default
 
 # NOTE: makes Django's generic classes subscriptable at run time (`ModelAdmin[Document]`), as
@@ -103,25 +103,21 @@ try:
     )
     # Which tokens of a reused passage are recomputed: "deviation" (those the prompt's context
     # changes most at an early layer) or "leading" (its first ones).
-    CACHET_CHUNK_KV_SELECTION = env.read_str(
-        os.environ, "CACHET_CHUNK_KV_SELECTION", default=engine_default("chunk_kv_selection")
+    CACHET_CHUNK_KV_SELECTION = env.read_choice(
+        os.environ,
+        "CACHET_CHUNK_KV_SELECTION",
+        default=engine_default("chunk_kv_selection"),
+        choices=CHUNK_KV_SELECTIONS,
     )
-    if CACHET_CHUNK_KV_SELECTION not in {"deviation", "leading"}:
-        raise env.ConfigError(
-            "CACHET_CHUNK_KV_SELECTION",
-            f"expected deviation or leading; got {CACHET_CHUNK_KV_SELECTION!r}",
-        )
     # Quantized layers' weights for prefill-sized steps: "dense" keeps a copy in the model dtype
     # (one GEMM a step, more memory), "quantized" dequantizes each step, "auto" is dense on CPUs
     # with AMX where the copy fits (inference/engine/model_runner.py).
-    CACHET_PREFILL_WEIGHTS = env.read_str(
-        os.environ, "CACHET_PREFILL_WEIGHTS", default=engine_default("prefill_weights")
+    CACHET_PREFILL_WEIGHTS = env.read_choice(
+        os.environ,
+        "CACHET_PREFILL_WEIGHTS",
+        default=engine_default("prefill_weights"),
+        choices=PREFILL_WEIGHTS,
     )
-    if CACHET_PREFILL_WEIGHTS not in {"auto", "dense", "int8", "quantized"}:
-        raise env.ConfigError(
-            "CACHET_PREFILL_WEIGHTS",
-            f"expected auto, dense, int8 or quantized; got {CACHET_PREFILL_WEIGHTS!r}",
-        )
     # The engine's device: "cpu" (default), "cuda" / "cuda:N", or "auto" (cuda where PyTorch
     # sees one). Checked here, so a missing GPU stops the start with the reason.
     CACHET_DEVICE = env.read_str(os.environ, "CACHET_DEVICE", default=engine_default("device"))
@@ -136,11 +132,9 @@ try:
     # "user": each user's prompts get their own prefix-cache blocks (no cross-user cache hits,
     # so no timing side channel between users); "shared" (default) lets every chat reuse the
     # cached system prompt.
-    CACHET_CACHE_ISOLATION = env.read_str(os.environ, "CACHET_CACHE_ISOLATION", default="shared")
-    if CACHET_CACHE_ISOLATION not in {"shared", "user"}:
-        raise env.ConfigError(
-            "CACHET_CACHE_ISOLATION", f"expected shared or user; got {CACHET_CACHE_ISOLATION!r}"
-        )
+    CACHET_CACHE_ISOLATION = env.read_choice(
+        os.environ, "CACHET_CACHE_ISOLATION", default="shared", choices=("shared", "user")
+    )
     CSRF_TRUSTED_ORIGINS = env.read_list(os.environ, "CACHET_CSRF_TRUSTED_ORIGINS", default=[])
     # --- Retrieval (retrieval/; defaults measured, see the README's "Retrieval" section) ---
     CACHET_MAX_UPLOAD_MB = env.read_int(os.environ, "CACHET_MAX_UPLOAD_MB", default=50, minimum=1)
@@ -169,21 +163,16 @@ try:
         )
     # Where the vectors live (retrieval/vector_store.py): "auto" picks pgvector on PostgreSQL with
     # the vector extension, the faiss file otherwise.
-    CACHET_VECTOR_STORE = env.read_str(os.environ, "CACHET_VECTOR_STORE", default="auto")
-    if CACHET_VECTOR_STORE not in {"auto", "faiss", "pgvector"}:
-        raise env.ConfigError(
-            "CACHET_VECTOR_STORE", f"expected auto, faiss or pgvector; got {CACHET_VECTOR_STORE!r}"
-        )
+    CACHET_VECTOR_STORE = env.read_choice(
+        os.environ, "CACHET_VECTOR_STORE", default="auto", choices=("auto", "faiss", "pgvector")
+    )
     if CACHET_CHUNK_OVERLAP * 2 >= CACHET_CHUNK_TOKENS:
         raise env.ConfigError("CACHET_CHUNK_OVERLAP", "must be under half of CACHET_CHUNK_TOKENS")
     # Where BM25 runs (retrieval/lexical_store.py): "auto" picks PostgreSQL's inverted index on
     # PostgreSQL and in-process bm25s on SQLite.
-    CACHET_LEXICAL_STORE = env.read_str(os.environ, "CACHET_LEXICAL_STORE", default="auto")
-    if CACHET_LEXICAL_STORE not in {"auto", "bm25s", "postgresql"}:
-        raise env.ConfigError(
-            "CACHET_LEXICAL_STORE",
-            f"expected auto, bm25s or postgresql; got {CACHET_LEXICAL_STORE!r}",
-        )
+    CACHET_LEXICAL_STORE = env.read_choice(
+        os.environ, "CACHET_LEXICAL_STORE", default="auto", choices=("auto", "bm25s", "postgresql")
+    )
     if CACHET_LEXICAL_STORE == "postgresql" and DATABASE_URL.startswith("sqlite"):
         raise env.ConfigError(
             "CACHET_LEXICAL_STORE", "postgresql needs a PostgreSQL DATABASE_URL; this is SQLite"
@@ -211,11 +200,9 @@ try:
     CACHET_ROUTE_PASSAGES = env.read_int(os.environ, "CACHET_ROUTE_PASSAGES", default=8, minimum=1)
     # How a request picks a replica of a remote model: by its conversation's opening (prefix
     # caches stay warm) or at random by weight (backends.replicas).
-    CACHET_ROUTING = env.read_str(os.environ, "CACHET_ROUTING", default="prefix")
-    if CACHET_ROUTING not in {"prefix", "random"}:
-        raise env.ConfigError(
-            "CACHET_ROUTING", f"expected prefix or random; got {CACHET_ROUTING!r}"
-        )
+    CACHET_ROUTING = env.read_choice(
+        os.environ, "CACHET_ROUTING", default="prefix", choices=("prefix", "random")
+    )
     # --- end Backends ---
     # The most tokens one API request may ask to generate (its default is 256, or this if lower).
     CACHET_API_MAX_TOKENS = env.read_int(

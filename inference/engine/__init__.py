@@ -7,7 +7,9 @@ and `kernels/` the native CPU kernels, one module per C source.
 """
 
 from inference.engine.config import (
+    CHUNK_KV_SELECTIONS,
     MAX_SPECULATIVE_TOKENS,
+    PREFILL_WEIGHTS,
     ConfigError,
     EngineConfig,
     parse_dtype,
@@ -37,8 +39,10 @@ from inference.engine.outputs import (
 )
 
 __all__ = [
+    "CHUNK_KV_SELECTIONS",
     "DEFAULT_INT4_GROUP_SIZE",
     "MAX_SPECULATIVE_TOKENS",
+    "PREFILL_WEIGHTS",
     "SUPPORTED_MODEL_TYPES",
     "BatchEntry",
     "ConfigError",

@@ -302,12 +302,12 @@ class EngineCore:
         keys/values the prompt's context moves most (ModelRunner.kv_deviation, which also
         leaves the probed layers' keys/values exact for every position)."""
         reused = sorted(p for run in plan.runs for p in run.target_positions)
-        probed = sorted([*reused, *plan.query_positions])
+        # NOTE: reused and query positions together are every position after the cache hit
+        probed = range(min(reused[0], plan.query_positions[0]), seq.num_tokens)
         deviation = self.runner.kv_deviation(
-            seq.block_table, probed, [seq.token_ids[p] for p in probed]
+            seq.block_table, list(probed), seq.token_ids[probed.start :]
         )
-        index = {p: i for i, p in enumerate(probed)}
-        reused_deviation = deviation[torch.tensor([index[p] for p in reused])]
+        reused_deviation = deviation[torch.tensor(reused) - probed.start]
         chosen = torch.topk(reused_deviation, plan.num_selected).indices.tolist()
         return sorted([*plan.query_positions, *(reused[i] for i in chosen)])
 

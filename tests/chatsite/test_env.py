@@ -26,6 +26,14 @@ def test_integers_must_be_whole_numbers_above_the_minimum() -> None:
         env.read_int({"N": "0"}, "N", default=1, minimum=1)
 
 
+def test_a_choice_is_one_of_its_words_and_an_error_names_them_all() -> None:
+    choices = ("auto", "faiss", "pgvector")
+    assert env.read_choice({"S": " pgvector "}, "S", default="auto", choices=choices) == "pgvector"
+    assert env.read_choice({}, "S", default="auto", choices=choices) == "auto"
+    with pytest.raises(env.ConfigError, match="S: expected auto, faiss or pgvector; got 'fais'"):
+        env.read_choice({"S": "fais"}, "S", default="auto", choices=choices)
+
+
 def test_lists_split_on_commas_and_refuse_empty_items() -> None:
     assert env.read_list({"H": "a.example, b.example"}, "H", default=[]) == [
         "a.example",

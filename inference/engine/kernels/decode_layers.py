@@ -258,6 +258,10 @@ class FusedDecode:
         logger.info("decode steps: all %d layers in one native call", model.args.num_layers)
         return cls(model, layers, kv_caches, block_size, kernel)
 
+    def takes(self, num_decodes: int) -> bool:
+        """Whether a pure decode step of `num_decodes` sequences is the fused call's to run."""
+        return self.max_tokens is None or num_decodes <= self.max_tokens
+
     def applies_to(
         self, metadata: AttentionMetadata, kv_caches: list[LayerKVCache], num_tokens: int
     ) -> bool:
@@ -266,7 +270,7 @@ class FusedDecode:
         cascade."""
         return (
             kv_caches is self.kv_caches
-            and (self.max_tokens is None or num_tokens <= self.max_tokens)
+            and self.takes(num_tokens)
             and metadata.decode_block_table is not None
             and metadata.num_decode_tokens == num_tokens
             and metadata.decode_shared_gather_index is None

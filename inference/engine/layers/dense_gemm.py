@@ -91,7 +91,9 @@ def _packed(weight_t: torch.Tensor) -> torch.Tensor | None:
     except RuntimeError as error:  # a build or CPU where oneDNN refuses: keep the plain copy
         logger.warning("dense weights stay unpacked: oneDNN could not pack one (%s)", error)
         return None
-    expected = torch.matmul(check_rows.float(), weight_t.float())
+    # NOTE: the strided product in the same dtype: a float32 copy of every layer at load would
+    # cost more than the packing itself.
+    expected = torch.matmul(check_rows, weight_t).float()
     scale = expected.abs().max().clamp_min(1.0)
     if not torch.isfinite(got).all() or ((got.float() - expected).abs().max() / scale) > (
         PACKED_CHECK_TOLERANCE

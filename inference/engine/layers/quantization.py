@@ -178,13 +178,11 @@ class QuantizedLinear(nn.Module):
         gemm_weight = self.int8_gemm_weight
         if gemm_weight is not None and x.device.type == "cpu":
             return gemm_weight.matmul(x)
-        rows = max(INT4_ROW_BLOCK, DEQUANT_CHUNK_ELEMENTS // self.in_features)
-        rows -= rows % INT4_ROW_BLOCK
-        if rows >= self.out_features:
+        chunks = self._row_chunks()
+        if len(chunks) == 1:
             return torch.matmul(x, self.dequantize_rows_transposed(0, self.out_features, x.dtype))
         out = x.new_empty(x.shape[0], self.out_features)
-        for start in range(0, self.out_features, rows):
-            end = min(start + rows, self.out_features)
+        for start, end in chunks:
             weight_t = self.dequantize_rows_transposed(start, end, x.dtype)
             torch.matmul(x, weight_t, out=out[:, start:end])
         return out

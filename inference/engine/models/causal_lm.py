@@ -29,7 +29,7 @@ class FusedLayers(Protocol):
     NOTE: a protocol, so the model does not import the kernel that imports the model.
     """
 
-    max_tokens: int | None  # decode steps of more tokens run layer by layer
+    def takes(self, num_decodes: int) -> bool: ...
 
     def applies_to(
         self, metadata: AttentionMetadata, kv_caches: list[LayerKVCache], num_tokens: int
