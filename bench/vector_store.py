@@ -3,7 +3,8 @@
 Fills a throwaway database with `--chunks` synthetic unit vectors (the embedding model's
 dimension, 384; no model runs: a search's cost depends on the count and the dimension, not on
 the text) grouped around `--chunks / 100` random centres, as embeddings of related passages are,
-in `--collections` collections of one ready document each. Then times `--queries` searches for
+in ready documents of `--chunks-per-document` consecutive chunks, dealt in turn to
+`--collections` collections. Then times `--queries` searches for
 the 10 nearest chunks, each once over everything and once filtered to one collection (1 in
 `--collections` of the chunks: a user who may read one knowledge base), and scores each against
 exact search (numpy, over the same filter). A query is a stored vector plus noise.
@@ -21,6 +22,12 @@ exact search (numpy, over the same filter). A query is a stored vector plus nois
 
     python -m bench.vector_store --chunks 20000 --store pgvector --plans planner,hnsw
     python -m bench.vector_store --chunks 1000000 --store pgvector --database-url postgres://...
+
+NOTE: the layout on disk is ingestion's: a document's chunks are written together, in one
+transaction, so they sit side by side in the table, and a collection's documents lie between
+other collections'. An exact read of one collection costs its pages, not its rows; chunks dealt
+to collections one by one (as this bench once did) put every row of a page in another
+collection, and the read of 50,000 of a million chunks then touched a quarter of the table.
 """
 
 from __future__ import annotations
@@ -60,17 +67,20 @@ def synthetic_vectors(count: int, rng: np.random.Generator) -> np.ndarray:
     return vectors
 
 
-def make_rows(num_chunks: int, num_collections: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+def make_rows(
+    num_chunks: int, num_collections: int, chunks_per_document: int
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
     """Chunk rows in the database: (chunk ids, each chunk's collection index, collection ids)."""
-    from retrieval.models import Chunk, Document
+    from retrieval.models import Chunk
 
-    document_ids, owner, collection_ids = make_documents(num_chunks, num_collections)
-    documents = [Document.objects.get(pk=pk) for pk in document_ids]
+    documents, owner, collection_ids = make_documents(
+        num_chunks, num_collections, chunks_per_document
+    )
     ids: list[int] = []
     for start in range(0, num_chunks, LOAD_BATCH):
         created = Chunk.objects.bulk_create(
             Chunk(
-                document=documents[owner[i]],
+                document_id=documents[i],
                 ordinal=i,
                 text="",
                 token_count=0,
@@ -84,24 +94,30 @@ def make_rows(num_chunks: int, num_collections: int) -> tuple[np.ndarray, np.nda
 
 
 def make_documents(
-    num_chunks: int, num_collections: int
-) -> tuple[list[int], np.ndarray, list[int]]:
-    """One ready document per collection: (document ids, each chunk's collection index,
+    num_chunks: int, num_collections: int, chunks_per_document: int
+) -> tuple[np.ndarray, np.ndarray, list[int]]:
+    """Ready documents of `chunks_per_document` consecutive chunks, document k in collection
+    k mod `num_collections`: (each chunk's document id, each chunk's collection index,
     collection ids)."""
     from retrieval.models import Collection, Document
 
     collections = [Collection.objects.create(name=f"bench-{i}") for i in range(num_collections)]
-    documents = [
-        Document.objects.create(collection=c, title=c.name, status=Document.Status.READY)
-        for c in collections
-    ]
-    owner = np.arange(num_chunks) % num_collections
-    return [d.pk for d in documents], owner, [c.pk for c in collections]
+    num_documents = -(-num_chunks // chunks_per_document)
+    documents = Document.objects.bulk_create(
+        Document(
+            collection=collections[k % num_collections],
+            title=f"bench-{k}",
+            status=Document.Status.READY,
+        )
+        for k in range(num_documents)
+    )
+    document_of_chunk = np.arange(num_chunks) // chunks_per_document
+    document_ids = np.asarray([d.pk for d in documents], dtype=np.int64)[document_of_chunk]
+    owner = document_of_chunk % num_collections
+    return document_ids, owner, [c.pk for c in collections]
 
 
-def copy_rows_with_vectors(
-    documents: list[int], owner: np.ndarray, vectors: np.ndarray
-) -> np.ndarray:
+def copy_rows_with_vectors(document_ids: np.ndarray, vectors: np.ndarray) -> np.ndarray:
     """Chunk rows and their vectors in one binary COPY (PostgreSQL); returns the chunk ids.
 
     NOTE: the store's own writes send vectors as text, an UPDATE per batch (~1,000-1,500 a
@@ -141,7 +157,7 @@ def copy_rows_with_vectors(
         ) as copy:
             copy.set_types(["int8", "int4", "text", "int4", "int4", "int4", "jsonb", "vector"])
             for i, vector in enumerate(vectors):
-                copy.write_row((documents[owner[i]], i, "", 0, 0, 0, empty_path, vector))
+                copy.write_row((int(document_ids[i]), i, "", 0, 0, 0, empty_path, vector))
         # ordinal = the vector's row in `vectors` (unique per document, as the table requires)
         cursor.execute(f"SELECT ordinal, id FROM {TABLE}")
         ids = np.zeros(len(vectors), dtype=np.int64)
@@ -214,6 +230,7 @@ def run_bench(
     num_chunks: int,
     num_collections: int,
     num_queries: int,
+    chunks_per_document: int = 100,
     ef_searches: tuple[int, ...] = (100,),
     plans: tuple[str, ...] = ("planner",),
     exact_rows: int | None = None,
@@ -240,12 +257,14 @@ def run_bench(
     began = time.perf_counter()
     index_build_s = None
     if isinstance(store, PgVectorStore):
-        documents, owner, collection_ids = make_documents(num_chunks, num_collections)
-        ids = copy_rows_with_vectors(documents, owner, vectors)
+        document_ids, owner, collection_ids = make_documents(
+            num_chunks, num_collections, chunks_per_document
+        )
+        ids = copy_rows_with_vectors(document_ids, vectors)
         load_s = time.perf_counter() - began
         index_build_s = build_hnsw_index(m, ef_construction)
     else:
-        ids, owner, collection_ids = make_rows(num_chunks, num_collections)
+        ids, owner, collection_ids = make_rows(num_chunks, num_collections, chunks_per_document)
         store.replace([], ids.tolist(), vectors)
         load_s = time.perf_counter() - began
 
@@ -308,6 +327,7 @@ def run_bench(
         "chunks": len(store),
         "dimension": DIMENSION,
         "collections": num_collections,
+        "chunks_per_document": chunks_per_document,
         "queries": num_queries,
         "ef_search": list(ef_searches) if store_name == "pgvector" else None,
         "hnsw": {"m": m, "ef_construction": ef_construction} if store_name == "pgvector" else None,
@@ -342,6 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=20_000)
     parser.add_argument("--collections", type=int, default=20)
     parser.add_argument("--queries", type=int, default=200)
+    parser.add_argument(
+        "--chunks-per-document",
+        type=int,
+        default=100,
+        help="consecutive chunks a document (documents go to the collections in turn)",
+    )
     parser.add_argument(
         "--ef-search",
         default="100",
@@ -381,8 +407,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--ef-search takes integers, comma-separated")
     if min(ef_searches) < 1:
         parser.error("--ef-search values must be positive")
-    if min(args.chunks, args.collections, args.queries) < 1 or args.chunks < args.collections * TOP:
-        parser.error("--chunks, --collections, --queries must be positive, 10 chunks a collection")
+    if min(args.chunks, args.collections, args.queries, args.chunks_per_document) < 1:
+        parser.error("--chunks, --collections, --queries, --chunks-per-document must be positive")
+    if args.chunks < args.collections * max(TOP, args.chunks_per_document):
+        parser.error(
+            "every collection needs a document and 10 chunks: --chunks at least --collections "
+            "times the larger of 10 and --chunks-per-document"
+        )
 
     with tempfile.TemporaryDirectory(prefix="cachet-vector-bench-") as directory:
         scratch = Path(directory)
@@ -405,6 +436,7 @@ def main(argv: list[str] | None = None) -> int:
                 num_chunks=args.chunks,
                 num_collections=args.collections,
                 num_queries=args.queries,
+                chunks_per_document=args.chunks_per_document,
                 ef_searches=ef_searches,
                 plans=plans,
                 exact_rows=args.exact_rows,
