@@ -7,7 +7,6 @@ Django is set up before this module is imported: pytest-django loads the setting
 
 from __future__ import annotations
 
-import ctypes
 import gc
 import os
 import time
@@ -22,6 +21,7 @@ import retrieval.search as search_module
 from harness.bundled_postgres import BundledPostgresUnavailable, start_bundled_postgres
 from inference import catalogue, runtime
 from inference.engine.core_share import CoreShare, usable_cores
+from inference.engine.loader import return_freed_memory
 from inference.model_files import resolve_chat_model, resolve_embedding_model
 from inference.models import ModelConfig
 from tests.django_database import default_database
@@ -51,26 +51,17 @@ def english_after_each_test():
 def memory_returned_after_each_file():
     """After a test file, free what reference cycles hold and give the free heap back to the OS.
 
-    NOTE: two test processes and their servers share the machine's memory. An engine let go
-    by a test often sits in a reference cycle until a full collection, which may not come for
-    many files: bench.engine's smoke table left 4.1 GB in its process, 1.5 GB after
-    `gc.collect()` and 0.8 GB after glibc's `malloc_trim` (measured). Held over the next files,
-    such leftovers beside the other process's servers brought free memory to 2 GB in a full
-    run, and a CI run lost a test process (killed, out of memory).
+    NOTE: two test processes and their servers share the machine's memory. Objects a test lets
+    go of can sit in reference cycles until a full collection, which may not come for many
+    files, and glibc keeps freed heap: bench.engine's smoke table left 4.1 GB in its process,
+    1.5 GB after `gc.collect()` and 0.8 GB after `malloc_trim` (measured, when engines were
+    still held by a cycle of their own). Held over the next files, such leftovers beside the
+    other process's servers brought free memory to 2 GB in a full run, and a CI run lost a
+    test process (killed, out of memory).
     """
     yield
     gc.collect()
-    release_free_heap()
-
-
-def release_free_heap() -> None:
-    """glibc's malloc_trim(0): free heap pages go back to the OS (a no-op elsewhere)."""
-    try:
-        libc = ctypes.CDLL(None)
-        trim = libc.malloc_trim
-    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
-        return
-    trim(0)
+    return_freed_memory()
 
 
 # ---- models ----

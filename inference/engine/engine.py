@@ -18,7 +18,8 @@ import asyncio
 import logging
 import threading
 import uuid
-from collections.abc import AsyncIterator
+import weakref
+from collections.abc import AsyncIterator, Callable
 from collections.abc import Sequence as SequenceOf
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,7 @@ class Engine:
             runner,
             max_model_len=self.max_model_len,
             eos_token_ids=self.eos_token_ids,
-            on_request_done=self._forget_request_id,
+            on_request_done=_weakly(self._forget_request_id),
             draft_runner=self.draft_runner,
         )
         self.metrics = self.core.metrics
@@ -459,6 +460,23 @@ class Engine:
     def _forget_request_id(self, request_id: str) -> None:
         with self._cond:
             self._live_request_ids.discard(request_id)
+
+
+def _weakly(method: Callable[[str], None]) -> Callable[[str], None]:
+    """`method` (bound), called only while its object lives.
+
+    NOTE: the core keeps this callback; the bound method itself would hold the engine from its
+    own core, a reference cycle that kept a shut-down engine's weights and KV cache (GBs) until
+    Python's next full collection, which may be long in coming.
+    """
+    reference = weakref.WeakMethod(method)
+
+    def call(request_id: str) -> None:
+        bound = reference()
+        if bound is not None:
+            bound(request_id)
+
+    return call
 
 
 def _load_draft_runner(config: EngineConfig, num_kv_blocks: int | None) -> ModelRunner:

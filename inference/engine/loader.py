@@ -21,6 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+# NOTE: imported here, not where the first model is built: torch imports its compiler lazily, on
+# the first weight initialised on the meta device, and torch.fx's `wrap` leaves that import's
+# frames in a reference cycle. Imported in the engine thread, those frames held the thread's
+# own, and with them the first engine of a process (weights, KV cache) after its shutdown,
+# until Python's next full collection.
+import torch._dynamo
 from safetensors import safe_open
 
 # NOTE: imported here, on the thread that imports the engine (Django's start-up), not inside the
@@ -159,7 +166,7 @@ def load_model(
     model.to(device)
     model.requires_grad_(False)
     model.eval()
-    _return_freed_memory()
+    return_freed_memory()
     report = meter.finish(
         model_dir if gguf_path is None else gguf_path.resolve(),
         checkpoint_format,
@@ -177,7 +184,7 @@ def load_model(
     return LoadedModel(model=model, hf_config=hf_config, report=report)
 
 
-def _return_freed_memory() -> None:
+def return_freed_memory() -> None:
     """NOTE: glibc keeps the heap that a load's temporaries freed (~150 MB after a GGUF's
     chunks of rows); malloc_trim hands it back to the system. A no-op without glibc."""
     with contextlib.suppress(OSError, AttributeError):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 
 import pytest
 import torch
@@ -275,6 +277,26 @@ def test_shutdown_aborts_running_requests_and_refuses_new_ones():
     assert outputs[-2].finish_reason == "abort"
     with pytest.raises(EngineClosedError):
         engine.submit(prompt(12), GREEDY)
+
+
+@pytest.mark.real_weights
+def test_an_engine_shut_down_and_let_go_is_freed_at_once_without_a_garbage_collection(
+    chat_model_dir,
+):
+    # NOTE: freed by reference counting, its weights and KV cache go when the last reference
+    # does (a replaced engine after its drain), not at Python's next full collection.
+    gc.collect()
+    gc.disable()
+    try:
+        engine = Engine(EngineConfig(str(chat_model_dir), max_model_len=256, kv_cache_mb=16))
+        [result] = engine.generate(["The capital of France is"], GREEDY)
+        assert result.usage.completion_tokens == GREEDY.max_tokens
+        freed = weakref.ref(engine)
+        engine.shutdown()
+        del engine, result
+        assert freed() is None
+    finally:
+        gc.enable()
 
 
 def test_the_engine_thread_sleeps_when_idle(engine):
