@@ -10,7 +10,7 @@ from django.db import connection, transaction
 import retrieval.search as search_module
 from retrieval.ingest import ingest, store
 from retrieval.models import Chunk, Collection, Document
-from retrieval.pgvector_store import IDS_INDEX, INDEX, PgVectorStore
+from retrieval.pgvector_store import EXACT_ROWS, IDS_INDEX, INDEX, PgVectorStore
 from retrieval.search import search
 from retrieval.vector_store import UnreadableIndexError
 from tests.documents import HANDBOOK, KITCHEN, add_document
@@ -181,7 +181,7 @@ def test_a_search_over_everything_scans_the_hnsw_index_and_a_narrow_filter_reads
         assert not store.reads_exactly(cursor, None)
         store.exact_rows = 100  # fewer than one collection's chunks: left to the index
         assert not store.reads_exactly(cursor, [collections[0].pk])
-        store.exact_rows = 10_000
+        store.exact_rows = EXACT_ROWS
     query = vectors[5] + 0.05 * rng.standard_normal(store.dimension).astype(np.float32)
     query /= np.linalg.norm(query)
     found = [i for i, _ in store.search(query, 10)]
