@@ -7,7 +7,6 @@ Django is set up before this module is imported: pytest-django loads the setting
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from pathlib import Path
@@ -60,7 +59,6 @@ def memory_returned_after_each_file():
     test process (killed, out of memory).
     """
     yield
-    gc.collect()
     return_freed_memory()
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import json
 import logging
 from collections.abc import Container
@@ -21,13 +22,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-
-# NOTE: imported here, not where the first model is built: torch imports its compiler lazily, on
-# the first weight initialised on the meta device, and torch.fx's `wrap` leaves that import's
-# frames in a reference cycle. Imported in the engine thread, those frames held the thread's
-# own, and with them the first engine of a process (weights, KV cache) after its shutdown,
-# until Python's next full collection.
-import torch._dynamo
 from safetensors import safe_open
 
 # NOTE: imported here, on the thread that imports the engine (Django's start-up), not inside the
@@ -185,8 +179,15 @@ def load_model(
 
 
 def return_freed_memory() -> None:
-    """NOTE: glibc keeps the heap that a load's temporaries freed (~150 MB after a GGUF's
-    chunks of rows); malloc_trim hands it back to the system. A no-op without glibc."""
+    """Free what reference cycles hold, then hand the free heap back to the system.
+
+    NOTE: a load leaves garbage in cycles: torch imports its compiler lazily, on the first
+    weight initialised on the meta device, and torch.fx's `wrap` leaves that import's frames in
+    a cycle whose frames reach the loading thread's own. Left to Python's next full collection,
+    they held the first engine of a process (weights, KV cache) after its shutdown. And glibc
+    keeps the heap that a load's temporaries freed (~150 MB after a GGUF's chunks of rows);
+    malloc_trim hands it back (a no-op without glibc)."""
+    gc.collect()
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
