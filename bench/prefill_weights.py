@@ -1,4 +1,4 @@
-"""Prefill weights side by side: dequantizing, dense copies and int8 GEMM codes.
+"""Prefill weights side by side: dequantizing, dense copies, int8 GEMM codes (kept or per step).
 
 Loads the model once with its quantized weights (the GGUF's own int4/int8 layers), fills its KV
 cache with a `--tokens` prompt, then times, interleaved round by round on the same runner:
@@ -9,15 +9,17 @@ cache with a `--tokens` prompt, then times, interleaved round by round on the sa
 
 each through the quantized layers as they run without copies (int4 kernel up to its token
 limit, else dequantize + GEMM), through dense copies of their weights (one GEMM in the model
-dtype) and through int8 codes of them (layers/int8_gemm.py: one integer GEMM), as
-`EngineConfig.prefill_weights` "quantized" / "dense" / "int8" keep them. After a first untimed
+dtype) and through int8 codes of them (layers/int8_gemm.py: one integer GEMM), kept
+("int8-kept") or made natively for each step ("int8", csrc/int8_row_codes.h), as
+`EngineConfig.prefill_weights` "quantized" / "dense" / "int8" run them (the last keeps the codes
+only where no native kernel makes them). After a first untimed
 pass, reports the median of `--rounds` per case, the speedups over "quantized", each copy's size
 and build time, and each setting's perplexity on `--perplexity-tokens` of tests/data's SQuAD
 passages (windows of 1,024, chunks of 256 tokens: the copies' path), the quality price. Random
 token ids for the timed steps: the cost of a step does not depend on which tokens they are.
 
     python -m bench.prefill_weights                    # the default model, 768 tokens, 3 rounds
-    python -m bench.prefill_weights --smoke            # the bundled model, 64 tokens, 1 round
+    python -m bench.prefill_weights --smoke            # the bundled model, 96 tokens, 1 round
 """
 
 from __future__ import annotations
@@ -33,8 +35,8 @@ from harness import CannotRunError, chat_model_dir, cpu_name, default_models_dir
 from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 CASES = ("prefill", "scattered")
-SETTINGS = ("quantized", "dense", "int8")
-COPIES = SETTINGS[1:]
+SETTINGS = ("quantized", "dense", "int8-kept", "int8")
+COPIES = ("dense", "int8-kept")
 QUALITY_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "squad_passages.txt"
 PERPLEXITY_WINDOW, PERPLEXITY_CHUNK = 1024, 256
 
@@ -49,7 +51,11 @@ def run_benchmark(
     from inference.engine.engine import _load_tokenizer
     from inference.engine.kernels import has_amx, has_int8_dot_products
     from inference.engine.layers.quantization import dense_weight_layers
-    from inference.engine.model_runner import INT8_GEMM_KERNEL_TOKENS, dense_kernel_token_limit
+    from inference.engine.model_runner import (
+        INT8_CODES_PER_STEP_KERNEL_TOKENS,
+        INT8_GEMM_KERNEL_TOKENS,
+        dense_kernel_token_limit,
+    )
 
     model_dir = chat_model_dir(model, models_dir)
     config = EngineConfig(
@@ -62,11 +68,13 @@ def run_benchmark(
     layers = dense_weight_layers(runner.model, skip=(runner.model.lm_head,))
     if not layers:
         raise CannotRunError(f"{model} has no quantized layers: nothing to compare")
+    if not all(layer.makes_int8_codes_natively for layer in layers):
+        raise CannotRunError("the native kernels do not make int8 codes here (int8 per step)")
     limits = {"quantized": [layer.max_kernel_tokens for layer in layers]}
     copy_bytes, build_s = {}, {}
     for setting, limit in (
         ("dense", dense_kernel_token_limit()),
-        ("int8", INT8_GEMM_KERNEL_TOKENS),
+        ("int8-kept", INT8_GEMM_KERNEL_TOKENS),
     ):
         started = time.perf_counter()
         keep = "keep_dense_weight" if setting == "dense" else "keep_int8_gemm_weight"
@@ -75,12 +83,14 @@ def run_benchmark(
         limits[setting] = [limit] * len(layers)
         for layer, quantized_limit in zip(layers, limits["quantized"], strict=True):
             layer.max_kernel_tokens = quantized_limit
+    limits["int8"] = [INT8_CODES_PER_STEP_KERNEL_TOKENS] * len(layers)
     copies = [(layer.dense_weight, layer.int8_gemm_weight) for layer in layers]
 
     def use(setting: str) -> None:
         for layer, limit, (dense, codes) in zip(layers, limits[setting], copies, strict=True):
             layer.dense_weight = dense if setting == "dense" else None
-            layer.int8_gemm_weight = codes if setting == "int8" else None
+            layer.int8_gemm_weight = codes if setting == "int8-kept" else None
+            layer.codes_int8_gemm_weight_per_step = setting == "int8"
             layer.max_kernel_tokens = limit
 
     rng = random.Random(0)
@@ -133,7 +143,7 @@ def run_benchmark(
                 medians[f"{case}/quantized"] / medians[f"{case}/{setting}"], 2
             )
             for case in CASES
-            for setting in COPIES
+            for setting in SETTINGS[1:]
         },
         "perplexity_tokens": len(text_ids),
         "perplexity": perplexities,
@@ -151,15 +161,21 @@ def format_table(report: dict) -> str:
         f"{report['rounds']} ({report['cpu']}, AMX: {report['amx']}, int8 dot products: "
         f"{report['int8_dot_products']}).",
         "",
-        "| step | quantized s | dense s | int8 s | dense speedup | int8 speedup |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| step | "
+        + " | ".join(f"{name} s" for name in SETTINGS)
+        + " | "
+        + " | ".join(f"{name} speedup" for name in SETTINGS[1:])
+        + " |",
+        "|---|" + "---:|" * (2 * len(SETTINGS) - 1),
     ]
     seconds, speedup = report["seconds"], report["speedup"]
     for case in CASES:
         lines.append(
-            f"| {case} | {seconds[f'{case}/quantized']:.3f} | {seconds[f'{case}/dense']:.3f} | "
-            f"{seconds[f'{case}/int8']:.3f} | {speedup[f'{case}/dense']:.2f}x | "
-            f"{speedup[f'{case}/int8']:.2f}x |"
+            f"| {case} | "
+            + " | ".join(f"{seconds[f'{case}/{name}']:.3f}" for name in SETTINGS)
+            + " | "
+            + " | ".join(f"{speedup[f'{case}/{name}']:.2f}x" for name in SETTINGS[1:])
+            + " |"
         )
     perplexity = report["perplexity"]
     lines += [
@@ -185,10 +201,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--perplexity-tokens", type=int, default=2048)
     parser.add_argument("--models-dir", type=Path, default=None)
-    parser.add_argument("--smoke", action="store_true", help="the bundled model, 64 tokens")
+    parser.add_argument("--smoke", action="store_true", help="the bundled model, 96 tokens")
     args = parser.parse_args(argv)
     if args.smoke:
-        args.model, args.tokens, args.rounds = args.model or BUNDLED_CHAT_MODEL, 64, 1
+        # NOTE: above the token limit of the codes made per step (64)
+        args.model, args.tokens, args.rounds = args.model or BUNDLED_CHAT_MODEL, 96, 1
         args.perplexity_tokens = 300
     if args.tokens < 8 or args.rounds < 1 or args.perplexity_tokens < 2:
         parser.error("--tokens must be at least 8, --rounds 1 and --perplexity-tokens 2")

@@ -142,9 +142,10 @@ class EngineConfig:
     # Quantized layers' weights for prefill-sized steps (model_runner.py, "Prefill weights" in
     # the README): "dense" keeps a copy in the model dtype, so those steps (and decode steps
     # of many sequences) run one GEMM instead of dequantizing every weight each time (more
-    # memory: the 1.5B's 3.3 GiB); "int8" keeps int8 codes (a byte a weight), so those steps
-    # run one integer GEMM on the CPU's int8 dot products (layers/int8_gemm.py); "quantized"
-    # dequantizes; "auto": dense on CPUs with AMX (bf16) where the copy fits, else quantized.
+    # memory: the 1.5B's 3.3 GiB); "int8" runs those steps as one integer GEMM on the CPU's
+    # int8 dot products (layers/int8_gemm.py), on codes made for each step (kept, a byte a
+    # weight, where no native kernel makes them); "quantized" dequantizes; "auto": dense on CPUs
+    # with AMX (bf16) where the copy fits, int8 on other CPUs with VNNI, else quantized.
     prefill_weights: str = "auto"
 
     def __post_init__(self) -> None:

@@ -53,11 +53,15 @@ DENSE_KERNEL_TOKENS = 64
 KV_PROBE_LAYERS = 2
 
 
-# With int8 GEMM codes (layers/int8_gemm.py), steps above this many tokens run the integer GEMM:
-# on Zen 5 it beat the 1.5B's int4 / int8 kernels by 1.5x at 16 tokens and 2-2.9x from 64 (at
-# 8 about even). Pure decode steps keep the fused native call, which beat the layer-by-layer
+# With int8 GEMM codes (layers/int8_gemm.py) kept, steps above this many tokens run the integer
+# GEMM: on Zen 5 it beat the 1.5B's int4 / int8 kernels by 1.5x at 16 tokens and 2-2.9x from 64
+# (at 8 about even). Pure decode steps keep the fused native call, which beat the layer-by-layer
 # path with int8 codes at 32 sequences (0.27 against 0.36 s a step).
 INT8_GEMM_KERNEL_TOKENS = 8
+# With the codes made for each step (the native kernels'), above this many: making them costs
+# about what the 1.5B's int4 kernel takes for ~15 tokens, so from 64 tokens the two ways were
+# even on its gate_up (Zen 4: kernel 150 GMAC/s; codes 4.7 ms + integer GEMM 6.1 ms at 64).
+INT8_CODES_PER_STEP_KERNEL_TOKENS = 64
 
 
 def dense_kernel_token_limit() -> int:
@@ -67,13 +71,17 @@ def dense_kernel_token_limit() -> int:
 
 def auto_prefill_weights(dtype: torch.dtype) -> str:
     """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: "dense" with AMX
-    in bf16, else "quantized".
+    in bf16, "int8" (codes made per step) on other CPUs with int8 dot products (VNNI), else
+    "quantized".
 
-    NOTE: not "int8" where the CPU has VNNI: on Zen 5 the int8 codes made a 768-token prefill
-    step 1.23x faster but 32 concurrent RAG chats ~5% faster (README, "Prefill weights"), not
-    worth 1.44 GiB more for the 1.5B by default."""
+    NOTE: with AMX the bf16 GEMM is as fast as the int8 one (README, "Prefill weights"). With
+    VNNI and no AMX the int8 GEMM runs at about twice the bf16 one: on Zen 4, 32 concurrent RAG
+    chats on the 1.5B went from 19.1 to 22.4 output tok/s in process (its 512-token steps 4.6
+    -> 3.6 s), and the codes made per step cost no memory."""
     if kernels.has_amx() and dtype == torch.bfloat16:
         return "dense"
+    if kernels.has_int8_dot_products():
+        return "int8"
     return "quantized"
 
 
@@ -316,8 +324,10 @@ class ModelRunner:
         times faster than unpacking the weight every step or the int4 kernel past a few tokens
         (a 200-token step of the 1.5B 9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured
         side by side); without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight
-        memory. "int8" keeps int8 codes (a byte a weight: layers/int8_gemm.py) for the CPU's
-        int8 dot products (VNNI). Dense copies cover the logits table too, since decode steps
+        memory. "int8" runs them on int8 codes (layers/int8_gemm.py) for the CPU's int8 dot
+        products (VNNI): made for each such step where the layer's native kernel makes them,
+        else kept (a byte a weight; never under "auto", where such layers stay quantized).
+        Dense copies cover the logits table too, since decode steps
         of many sequences run on them (see `__init__`; its 32-row step on the 1.5B's quantized
         table took 86 ms on an AMX Xeon); int8 codes leave it quantized: decodes
         keep the fused call there, and prefill steps need a few rows of logits."""
@@ -330,9 +340,14 @@ class ModelRunner:
         layers = dense_weight_layers(self.model, skip=skip)
         if not layers:
             return "quantized", 0
-        if is_auto:  # what was not asked for must leave room
-            element_bytes = 1 if setting == "int8" else self.dtype.itemsize
-            num_bytes = element_bytes * sum(m.in_features * m.out_features for m in layers)
+        per_step: list[QuantizedLinear] = []
+        if setting == "int8":
+            per_step = [layer for layer in layers if layer.makes_int8_codes_natively]
+            layers = [layer for layer in layers if not layer.makes_int8_codes_natively]
+            if is_auto:  # NOTE: codes kept are memory that was not asked for
+                layers = []
+        if is_auto and layers:  # what was not asked for must leave room
+            num_bytes = self.dtype.itemsize * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()
             if available is not None and num_bytes > available // 2:
                 logger.info(
@@ -343,9 +358,22 @@ class ModelRunner:
                     available / 2**30,
                 )
                 return "quantized", 0
+        if not layers and not per_step:
+            return "quantized", 0
         if setting == "int8":
+            for layer in per_step:
+                layer.make_int8_codes_per_step(INT8_CODES_PER_STEP_KERNEL_TOKENS)
             max_kernel_tokens = INT8_GEMM_KERNEL_TOKENS
             kept = sum(layer.keep_int8_gemm_weight(max_kernel_tokens) for layer in layers)
+            if per_step:
+                logger.info(
+                    "prefill weights: int8 codes made per step for %d quantized layers, used "
+                    "for steps of more than %d tokens",
+                    len(per_step),
+                    INT8_CODES_PER_STEP_KERNEL_TOKENS,
+                )
+            if not layers:
+                return setting, 0
         else:
             max_kernel_tokens = dense_kernel_token_limit()
             kept = keep_dense_weights(layers, max_kernel_tokens)

@@ -16,20 +16,22 @@ def test_the_smoke_run_times_every_weight_form_on_both_steps_and_scores_it(
 ) -> None:
     assert main(["--smoke", "--json", "--models-dir", str(settings.MODELS_DIR)]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert report["tokens"] == 64 and report["scattered_tokens"] == 16
+    assert report["tokens"] == 96 and report["scattered_tokens"] == 24
     assert set(report["seconds"]) == {
         f"{case}/{weights}"
         for case in ("prefill", "scattered")
-        for weights in ("quantized", "dense", "int8")
+        for weights in ("quantized", "dense", "int8-kept", "int8")
     }
     assert all(value > 0 for value in report["seconds"].values())
-    assert set(report["copy_gib"]) == {"dense", "int8"}
+    assert set(report["copy_gib"]) == {"dense", "int8-kept"}
     # int8 codes take a byte a weight, dense copies two (bf16) or four (float32)
-    assert 0 < report["copy_gib"]["int8"] < report["copy_gib"]["dense"]
-    assert len(report["speedup"]) == 4
+    assert 0 < report["copy_gib"]["int8-kept"] < report["copy_gib"]["dense"]
+    assert len(report["speedup"]) == 6
     assert report["perplexity_tokens"] == 300
     perplexity = report["perplexity"]
     # the dense copy holds the dequantized weight exactly; int8 codes round it
     assert perplexity["dense"] == pytest.approx(perplexity["quantized"], rel=0.01)
     assert perplexity["int8"] == pytest.approx(perplexity["quantized"], rel=0.05)
+    # the same codes where both run the integer GEMM (a 44-token chunk: only the kept ones)
+    assert perplexity["int8"] == pytest.approx(perplexity["int8-kept"], rel=0.01)
     assert "| scattered |" in format_table(report)

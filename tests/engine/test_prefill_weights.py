@@ -1,8 +1,10 @@
-"""Prefill weights: quantized layers keep a dense copy, or int8 codes, for prefill-sized steps.
+"""Prefill weights: quantized layers keep a dense copy, or int8 codes (kept, or made for each
+step), for prefill-sized steps.
 
 A dense copy holds the dequantized weight exactly, so a prefill through it gives the
 dequantizing path's results; int8 codes round it (and the activations) to 8 bits, so a prefill
-through them stays close. The kernel still serves decodes. Real SmolLM2 GGUF weights (int4 and
+through them stays close; codes made for a step are the codes kept. The kernel still serves
+decodes. Real SmolLM2 GGUF weights (int4 and
 int8 layers), float32 so that results compare tightly.
 """
 
@@ -15,10 +17,11 @@ import torch
 
 from inference.engine import BatchEntry, ConfigError, EngineConfig
 from inference.engine.core.sampling_params import SamplingParams
-from inference.engine.kernels import has_amx
+from inference.engine.kernels import has_amx, has_int8_dot_products
 from inference.engine.layers.quantization import QuantizedLinear
 from inference.engine.model_runner import (
     DENSE_AMX_KERNEL_TOKENS,
+    INT8_CODES_PER_STEP_KERNEL_TOKENS,
     INT8_GEMM_KERNEL_TOKENS,
     ModelRunner,
     dense_kernel_token_limit,
@@ -28,7 +31,8 @@ from tests.engine.real_model import RealEngines, chat
 pytestmark = pytest.mark.real_weights
 
 MAX_MODEL_LEN = 512
-PREDICTION_TOKENS = 448  # 7 prefill chunks of 64 tokens
+PREDICTION_TOKENS = 448
+PREDICTION_CHUNK = 112  # tokens a prefill step: above every int8 path's kernel limit
 DATA_DIR = Path(__file__).parents[1] / "data"
 
 
@@ -86,7 +90,12 @@ def answers(chat_model_dir, tokenizer, settings: tuple[str, ...]) -> dict[str, l
     for setting in settings:
         runner = quantized_runner(chat_model_dir, "float32", setting)
         assert runner.prefill_weights == setting
-        assert (runner.prefill_weight_bytes > 0) == (setting != "quantized")
+        # NOTE: int8 codes are made for each step where the native kernels run: nothing kept
+        kept_anything = setting == "dense" or (
+            setting == "int8"
+            and not all(layer.makes_int8_codes_natively for layer in quantized_layers(runner))
+        )
+        assert (runner.prefill_weight_bytes > 0) == kept_anything
         engines = RealEngines(runner, tokenizer, chat_model_dir, MAX_MODEL_LEN)
         try:
             engine = engines.make(quantization="auto", prefill_weights=setting)
@@ -127,9 +136,16 @@ def test_int8_prefill_weights_keep_the_models_next_token_predictions(
         logits = torch.cat(
             [
                 runner.execute(
-                    [BatchEntry(token_ids[start : start + 64], start, block_table, num_logits=64)]
+                    [
+                        BatchEntry(
+                            token_ids[start : start + PREDICTION_CHUNK],
+                            start,
+                            block_table,
+                            num_logits=PREDICTION_CHUNK,
+                        )
+                    ]
                 )
-                for start in range(0, PREDICTION_TOKENS, 64)
+                for start in range(0, PREDICTION_TOKENS, PREDICTION_CHUNK)
             ]
         )
         predictions[setting] = logits.argmax(-1)[:-1]
@@ -178,11 +194,42 @@ def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies
         assert float(agreement.mean()) >= 0.9 and float(error) < 0.03
 
 
-def test_auto_keeps_dense_copies_only_for_bf16_on_cpus_with_amx(chat_model_dir) -> None:
+def test_auto_keeps_dense_copies_for_bf16_on_amx_and_makes_int8_codes_per_step_on_vnni(
+    chat_model_dir,
+) -> None:
     runner = quantized_runner(chat_model_dir, "bfloat16", "auto")
-    assert runner.prefill_weights == ("dense" if has_amx() else "quantized")
-    assert (runner.prefill_weight_bytes > 0) == has_amx()
-    assert quantized_runner(chat_model_dir, "float32", "auto").prefill_weights == "quantized"
+    with_codes = "int8" if has_int8_dot_products() else "quantized"
+    assert runner.prefill_weights == ("dense" if has_amx() else with_codes)
+    assert (runner.prefill_weight_bytes > 0) == has_amx()  # codes made per step keep nothing
+    if runner.prefill_weights == "int8":
+        layers = [layer for layer in quantized_layers(runner) if layer is not runner.model.lm_head]
+        assert all(layer.codes_int8_gemm_weight_per_step for layer in layers)
+        assert all(layer.int8_gemm_weight is None for layer in layers)
+        assert {layer.max_kernel_tokens for layer in layers} == {INT8_CODES_PER_STEP_KERNEL_TOKENS}
+    float32 = quantized_runner(chat_model_dir, "float32", "auto")
+    assert float32.prefill_weights == with_codes
+
+
+def test_int8_codes_made_per_step_multiply_as_the_codes_kept(chat_model_dir) -> None:
+    """The same codes (csrc/int8_row_codes.h makes Int8GemmWeight.from_rows's), so the same
+    products, bit for bit; steps up to the limit still run the kernel."""
+    runner = quantized_runner(chat_model_dir, "float32", "quantized")
+    layers = [layer for layer in quantized_layers(runner) if layer is not runner.model.lm_head]
+    if not all(layer.makes_int8_codes_natively for layer in layers):
+        pytest.skip("the native kernels do not run here: int8 codes are kept instead")
+    generator = torch.Generator().manual_seed(0)
+    for layer in layers[:8]:
+        x = torch.randn(
+            INT8_CODES_PER_STEP_KERNEL_TOKENS + 36, layer.in_features, generator=generator
+        )
+        small = x[:INT8_CODES_PER_STEP_KERNEL_TOKENS]
+        from_kernel = layer(small)
+        layer.keep_int8_gemm_weight(INT8_CODES_PER_STEP_KERNEL_TOKENS)
+        kept = layer(x)
+        layer.int8_gemm_weight = None
+        layer.make_int8_codes_per_step(INT8_CODES_PER_STEP_KERNEL_TOKENS)
+        assert torch.equal(layer(x), kept)
+        assert torch.equal(layer(small), from_kernel)
 
 
 def test_an_unknown_prefill_weights_setting_is_refused(chat_model_dir) -> None:

@@ -78,6 +78,10 @@ def make_runner(model_dir: Path, quantization: str, kv_cache_dtype: str) -> Mode
         max_model_len=WINDOW,
         quantization=quantization,
         kv_cache_dtype=kv_cache_dtype,
+        # NOTE: the weight formats' own price: int8 GEMM codes for prefill steps (the default
+        # on CPUs with VNNI and no AMX) round activations too, measured apart
+        # (tests/engine/test_prefill_weights.py; README, "Prefill weights: int8 codes")
+        prefill_weights="quantized",
     )
     return ModelRunner(config)
 

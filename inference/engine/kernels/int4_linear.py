@@ -29,7 +29,11 @@ import ctypes
 import torch
 
 from inference.engine.kernels import KernelFunction, require
-from inference.engine.kernels.weight_matmul import WeightMatmul, dequantize_packed_transposed
+from inference.engine.kernels.weight_matmul import (
+    WeightMatmul,
+    dequantize_packed_transposed,
+    int8_codes_packed_transposed,
+)
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -52,6 +56,12 @@ _dequantize = KernelFunction(
     "int4_linear",
     "int4_dequantize",
     [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int],
+)
+
+_int8_codes = KernelFunction(
+    "int4_linear",
+    "int4_int8_codes",
+    [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 5 + [ctypes.c_int],
 )
 
 
@@ -188,5 +198,31 @@ def dequantize_transposed(
         end=end,
         in_features=codes.shape[1] * 2,
         dtype=dtype,
+        extra_sizes=(group_size,),
+    )
+
+
+def int8_codes_transposed(
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    zero_points: torch.Tensor,
+    group_size: int,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows [start, end) of a packed int4 weight (`start` a multiple of 64) as int8 codes W^T
+    [K, end - start] and float32 scales, one per row: `Int8GemmWeight.from_rows` of the rows
+    in float32, bit for bit; None where the native kernel cannot run."""
+    kernel = _int8_codes(dtype)
+    if kernel is None:
+        return None
+    return int8_codes_packed_transposed(
+        kernel,
+        (codes, scales, zero_points),
+        name="int4",
+        start=start,
+        end=end,
+        in_features=codes.shape[1] * 2,
         extra_sizes=(group_size,),
     )

@@ -20,7 +20,11 @@ import ctypes
 import torch
 
 from inference.engine.kernels import KernelFunction, require
-from inference.engine.kernels.weight_matmul import WeightMatmul, dequantize_packed_transposed
+from inference.engine.kernels.weight_matmul import (
+    WeightMatmul,
+    dequantize_packed_transposed,
+    int8_codes_packed_transposed,
+)
 
 TILE_ROWS = 64  # csrc: TILE_ROWS
 BLOCK = 32  # activation columns per int8 block (csrc: BLOCK)
@@ -36,6 +40,9 @@ _matmul = KernelFunction(
 )
 _dequantize = KernelFunction(
     "int8_linear", "int8_dequantize", [ctypes.c_void_p] * 3 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+)
+_int8_codes = KernelFunction(
+    "int8_linear", "int8_int8_codes", [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 4 + [ctypes.c_int]
 )
 
 
@@ -116,4 +123,19 @@ def dequantize_transposed(
         end=end,
         in_features=codes.shape[1],
         dtype=dtype,
+    )
+
+
+def int8_codes_transposed(
+    codes: torch.Tensor, scales: torch.Tensor, start: int, end: int, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows [start, end) of a packed int8 weight (scales of `dtype`; `start` a multiple of 64)
+    recoded per row for the integer GEMM: int8 codes W^T [K, end - start] and float32 scales,
+    `Int8GemmWeight.from_rows` of the rows in float32, bit for bit; None where the native
+    kernel cannot run."""
+    kernel = _int8_codes(dtype)
+    if kernel is None or scales.dtype != dtype:
+        return None
+    return int8_codes_packed_transposed(
+        kernel, (codes, scales), name="int8", start=start, end=end, in_features=codes.shape[1]
     )

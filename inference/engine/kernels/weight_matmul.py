@@ -1,6 +1,6 @@
 """The calls of the native quantized kernels (int4_linear.c, int8_linear.c): x times a weight
 the kernel holds in its own layout, checked before the kernel reads anything, and the weight's
-rows dequantized from that layout."""
+rows dequantized from that layout, or coded as int8 rows for the integer GEMM."""
 
 from __future__ import annotations
 
@@ -91,3 +91,35 @@ def dequantize_packed_transposed(
     if status != 0:
         raise RuntimeError(f"{name}_dequantize refused rows [{start}, {end}) (status {status})")
     return out
+
+
+def int8_codes_packed_transposed(
+    kernel: Callable[..., int],
+    weights: tuple[torch.Tensor, ...],
+    *,
+    name: str,
+    start: int,
+    end: int,
+    in_features: int,
+    extra_sizes: tuple[int, ...] = (),
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows [start, end) of a packed weight (`start` a multiple of 64) as int8 codes W^T
+    [in_features, end - start] and float32 scales [end - start], one per row
+    (csrc/int8_row_codes.h). The kernels share one signature: (*weight pointers, codes out,
+    scales out, first row, number of rows, padded rows, k, *extra sizes, num_threads)."""
+    codes_t = torch.empty(in_features, end - start, dtype=torch.int8)
+    scales = torch.empty(end - start, dtype=torch.float32)
+    status = kernel(
+        *(weight.data_ptr() for weight in weights),
+        codes_t.data_ptr(),
+        scales.data_ptr(),
+        start,
+        end - start,
+        weights[0].shape[0],
+        in_features,
+        *extra_sizes,
+        torch.get_num_threads(),
+    )
+    if status != 0:
+        raise RuntimeError(f"{name}_int8_codes refused rows [{start}, {end}) (status {status})")
+    return codes_t, scales

@@ -38,21 +38,27 @@ MAX_OUTLIER_SHARE = 1 / 32
 # (62 ms against 41 in blocks of 128, measured side by side on Zen 5).
 ROWS_PER_GEMM = 128
 INT8_MAX = 127
+# NOTE: a row of zeros (padding rows are) gets this peak: small enough for any real row, large
+# enough that the reciprocal of its scale stays finite (the codes are then 0, not 0 x inf).
+MIN_ROW_PEAK = 1e-30  # csrc/int8_row_codes.h: MIN_ROW_PEAK
 
 
 @dataclass(frozen=True, slots=True)
 class Int8GemmWeight:
     """A weight [out, in] as int8 codes, one float32 scale per output row."""
 
-    codes: torch.Tensor  # int8 [out, in], contiguous: the GEMM reads its transpose as a view
+    # int8 [out, in], either layout (row-major, or the transpose of a [in, out] tensor): the
+    # GEMM reads W^T as fast either way
+    codes: torch.Tensor
     scales: torch.Tensor  # float32 [out]
 
     @classmethod
     def from_rows(cls, weight: torch.Tensor) -> Int8GemmWeight:
         """Codes for `weight` [out, in] (any float dtype): symmetric, per row."""
         weight = weight.float()
-        scales = weight.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
-        codes = torch.round(weight / scales[:, None]).to(torch.int8)
+        scales = weight.abs().amax(dim=1).clamp_min(MIN_ROW_PEAK) / INT8_MAX
+        # NOTE: times the reciprocal, as the native coding (csrc/int8_row_codes.h) does
+        codes = torch.round(weight * scales.reciprocal()[:, None]).to(torch.int8)
         return cls(codes.contiguous(), scales)
 
     @property
@@ -88,6 +94,8 @@ class Int8GemmWeight:
         sums = torch._int_mm(codes, self.codes.t())
         y = sums.float().mul_(token_scales).mul_(self.scales).to(x.dtype)
         if outliers.numel():
-            columns = self.codes.index_select(1, outliers).float() * self.scales[:, None]
-            y.addmm_(outlier_x, columns.t().to(x.dtype))
+            # NOTE: rows of W^T: a few rows copied whatever the codes' layout (index_select on
+            # the columns of a transposed view first copied all of it)
+            weight_rows = self.codes.t().index_select(0, outliers).float() * self.scales
+            y.addmm_(outlier_x, weight_rows.to(x.dtype))
         return y

@@ -108,8 +108,10 @@ class QuantizedLinear(nn.Module):
     # the weight in the model dtype, kept for steps above the kernel's token limit
     # (`keep_dense_weight`); None: those steps dequantize the weight every time.
     dense_weight: DenseGemmWeight | None = None
-    # int8 codes of the weight for the same steps, run as an integer GEMM (`keep_int8_gemm_weight`)
+    # int8 codes of the weight for the same steps, run as an integer GEMM: kept
+    # (`keep_int8_gemm_weight`), or made for each of those steps (`make_int8_codes_per_step`)
     int8_gemm_weight: Int8GemmWeight | None = None
+    codes_int8_gemm_weight_per_step: bool = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # NOTE: the decode fast path of native layers first: one check, then the kernel.
@@ -150,14 +152,50 @@ class QuantizedLinear(nn.Module):
     def keep_int8_gemm_weight(self, max_kernel_tokens: int) -> int:
         """Keep the weight as int8 codes per row for steps of more than `max_kernel_tokens`
         tokens, which then run one integer GEMM (layers/int8_gemm.py); the bytes the copy takes."""
+        self.int8_gemm_weight = self.make_int8_gemm_weight()
+        self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
+        return self.int8_gemm_weight.nbytes
+
+    @property
+    def makes_int8_codes_natively(self) -> bool:
+        """Whether the native format's kernel makes the int8 codes (`make_int8_gemm_weight`)."""
+        # NOTE: a call for no rows: whether that kernel runs here, for this layer
+        return self.native_int8_codes_transposed(num_rows=0) is not None
+
+    def make_int8_codes_per_step(self, max_kernel_tokens: int) -> None:
+        """Run steps of more than `max_kernel_tokens` tokens as one integer GEMM on int8 codes
+        made for that step and let go after it (needs `makes_int8_codes_natively`).
+
+        NOTE: the native kernel makes them in ~5 ms for the 1.5B's [17920, 1536] gate_up
+        against ~45 ms for its 512-token integer GEMM (Zen 4, csrc/int8_row_codes.h), where
+        keeping them takes a byte a weight (1.44 GiB for the 1.5B)."""
+        if not self.makes_int8_codes_natively:
+            raise ValueError(f"{type(self).__name__} has no native kernel to make int8 codes")
+        self.codes_int8_gemm_weight_per_step = True
+        self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
+
+    def make_int8_gemm_weight(self) -> Int8GemmWeight:
+        """The weight as int8 codes per row (`Int8GemmWeight.from_rows` of its float32 rows): by
+        the native format's kernel where it runs, else with PyTorch ops a chunk of rows at a
+        time."""
+        native = self.native_int8_codes_transposed(num_rows=self.out_features)
+        if native is not None:
+            codes_t, scales = native
+            return Int8GemmWeight(codes_t.t(), scales)
         codes = torch.empty(self.out_features, self.in_features, dtype=torch.int8)
         scales = torch.empty(self.out_features, dtype=torch.float32)
         for start, end in self._row_chunks():
             rows = Int8GemmWeight.from_rows(self.dequantize_rows(start, end, torch.float32))
             codes[start:end], scales[start:end] = rows.codes, rows.scales
-        self.int8_gemm_weight = Int8GemmWeight(codes, scales)
-        self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
-        return self.int8_gemm_weight.nbytes
+        return Int8GemmWeight(codes, scales)
+
+    def native_int8_codes_transposed(
+        self, num_rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(int8 codes W^T [in, num_rows], float32 scales [num_rows]) of the first `num_rows`
+        rows as `make_int8_gemm_weight` codes them, by a native kernel, or None where none
+        runs."""
+        return None
 
     def _row_chunks(self) -> list[tuple[int, int]]:
         """Row ranges to dequantize at a time (multiples of the int4 row block)."""
@@ -170,12 +208,14 @@ class QuantizedLinear(nn.Module):
 
     def dequantized_matmul(self, x: torch.Tensor) -> torch.Tensor:
         """The plain PyTorch path: dequantize row chunks of W and run the dense GEMM (or the GEMM
-        alone on the dense copy, `keep_dense_weight`, or the integer GEMM on the int8 copy,
-        `keep_int8_gemm_weight`)."""
+        alone on the dense copy, `keep_dense_weight`, or the integer GEMM on int8 codes kept,
+        `keep_int8_gemm_weight`, or made now, `make_int8_codes_per_step`)."""
         dense = self.dense_weight
         if dense is not None and dense.dtype == x.dtype and dense.device == x.device:
             return dense.matmul(x)
         gemm_weight = self.int8_gemm_weight
+        if gemm_weight is None and self.codes_int8_gemm_weight_per_step:
+            gemm_weight = self.make_int8_gemm_weight()
         if gemm_weight is not None and x.device.type == "cpu":
             return gemm_weight.matmul(x)
         chunks = self._row_chunks()
@@ -318,6 +358,15 @@ class Int8Linear(QuantizedLinear):
         if not self.is_native or self.weight_int8.device.type != "cpu":
             return None
         return native_int8.dequantize_transposed(self.weight_int8, self.scales, start, end, dtype)
+
+    def native_int8_codes_transposed(
+        self, num_rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.is_native or self.weight_int8.device.type != "cpu":
+            return None
+        return native_int8.int8_codes_transposed(
+            self.weight_int8, self.scales, 0, num_rows, self.dtype
+        )
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self.is_native:
@@ -525,6 +574,21 @@ class Int4Linear(QuantizedLinear):
             return None
         return native_int4.dequantize_transposed(
             self.weight_int4, self.scales, self.zero_points, self.group_size, start, end, dtype
+        )
+
+    def native_int8_codes_transposed(
+        self, num_rows: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if not self.is_native or self.weight_int4.device.type != "cpu":
+            return None
+        return native_int4.int8_codes_transposed(
+            self.weight_int4,
+            self.scales,
+            self.zero_points,
+            self.group_size,
+            0,
+            num_rows,
+            self.dtype,
         )
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

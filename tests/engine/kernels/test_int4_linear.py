@@ -14,6 +14,7 @@ from inference.engine.kernels.int4_linear import (
     unpack_int4_vnni,
     unpack_int4_vnni_rows,
 )
+from inference.engine.layers.int8_gemm import Int8GemmWeight
 from inference.engine.layers.quantization import Int4Linear
 from tests.engine.kernels.conftest import assert_each_row_is_computed_alone
 
@@ -106,6 +107,35 @@ def test_native_dequantization_gives_pytorchs_values_transposed(
     weight_t = layer.dequantize_rows_transposed(start, end, dtype)
     assert weight_t.is_contiguous()  # the kernel's, not a view of PyTorch's rows
     assert torch.equal(weight_t, layer.dequantize_rows(start, end, dtype).T)
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("out_features", "in_features", "group_size"), [(192, 256, 32), (300, 576, 64), (100, 64, 64)]
+)
+def test_native_int8_gemm_codes_are_pytorchs_codes_of_the_float32_rows(
+    out_features, in_features, group_size, isa_level, dtype
+):
+    """Codes made natively for a step are the codes kept (Int8GemmWeight.from_rows), bit for
+    bit, whatever the rows' width and group size."""
+    layer = int4_layer(out_features, in_features, group_size, dtype=dtype)
+    assert layer.makes_int8_codes_natively
+    codes_t, scales = int4_linear.int8_codes_transposed(
+        layer.weight_int4, layer.scales, layer.zero_points, group_size, 0, out_features, dtype
+    )
+    expected = Int8GemmWeight.from_rows(layer.dequantize_rows(0, out_features, torch.float32))
+    assert codes_t.shape == (in_features, out_features) and codes_t.is_contiguous()
+    assert torch.equal(codes_t.t(), expected.codes) and torch.equal(scales, expected.scales)
+    assert codes_t.abs().amax(dim=0).eq(127).all()  # each row's largest weight at full scale
+
+
+@needs_kernel
+def test_native_int8_gemm_codes_refuse_rows_outside_the_layout(dtype):
+    layer = int4_layer(192, 256, 32, dtype=dtype)
+    with pytest.raises(RuntimeError, match=r"int4_int8_codes refused rows \[32, 96\)"):
+        int4_linear.int8_codes_transposed(
+            layer.weight_int4, layer.scales, layer.zero_points, 32, 32, 96, dtype
+        )
 
 
 @needs_kernel

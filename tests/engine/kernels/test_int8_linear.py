@@ -13,6 +13,7 @@ from inference.engine.kernels.int8_linear import (
     unpack_int8_row_ids,
     unpack_int8_rows,
 )
+from inference.engine.layers.int8_gemm import Int8GemmWeight
 from inference.engine.layers.quantization import Int8Linear, quantize_rows_int8
 from tests.engine.kernels.conftest import assert_each_row_is_computed_alone
 
@@ -96,6 +97,25 @@ def test_native_dequantization_gives_pytorchs_values_transposed(
     weight_t = layer.dequantize_rows_transposed(start, end, dtype)
     assert weight_t.is_contiguous()  # the kernel's, not a view of PyTorch's rows
     assert torch.equal(weight_t, layer.dequantize_rows(start, end, dtype).T)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("out_features", "in_features"), [(192, 256), (300, 576), (64, 32)])
+def test_native_int8_gemm_codes_are_pytorchs_codes_of_the_float32_rows(
+    out_features, in_features, isa_level, dtype
+):
+    """Codes made natively for a step are the codes kept (Int8GemmWeight.from_rows), bit for
+    bit, whatever the rows' width; a row of zeros codes to zeros with the smallest scale."""
+    layer = int8_layer(out_features, in_features, dtype=dtype)
+    layer.weight_int8[:64].zero_()  # NOTE: the first tile's rows all 0 (padding rows are)
+    assert layer.makes_int8_codes_natively
+    codes_t, scales = int8_linear.int8_codes_transposed(
+        layer.weight_int8, layer.scales, 0, out_features, dtype
+    )
+    expected = Int8GemmWeight.from_rows(layer.dequantize_rows(0, out_features, torch.float32))
+    assert codes_t.shape == (in_features, out_features) and codes_t.is_contiguous()
+    assert torch.equal(codes_t.t(), expected.codes) and torch.equal(scales, expected.scales)
+    assert not codes_t[:, :64].any() and codes_t[:, 64:].abs().amax(dim=0).eq(127).all()
 
 
 @needs_kernel

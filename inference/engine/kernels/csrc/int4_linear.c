@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "activation_codes.h"
+#include "int8_row_codes.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -180,4 +181,45 @@ int int4_dequantize(const uint8_t *codes, const uint16_t *scales, const uint8_t 
         }
     }
     return 0;
+}
+
+typedef struct {
+    const uint8_t *codes;
+    const uint16_t *scales;
+    const uint8_t *zero_points;
+    int64_t padded_n, k, group_size;
+} int4_weight;
+
+/* w = (q - z / 16) s of 16 rows at 32 columns, in float32 (int4_dequantize's values before
+ * their rounding to act_t) */
+static inline void int4_block(const void *weight, int64_t row, int64_t column, vf *w) {
+    const int4_weight *weight_of = weight;
+    const int64_t k = weight_of->k, tile_row = row - row % TILE_ROWS;
+    const int64_t v = (row % TILE_ROWS) / 16;
+    const int64_t meta = (column / weight_of->group_size) * weight_of->padded_n + row;
+    const vf scale = vf_load_bf16(weight_of->scales + meta);
+    const vf offset = vf_mul(vf_load_u8(weight_of->zero_points + meta), vf_set1(1.0f / 16.0f));
+    const uint8_t *tile_codes = weight_of->codes + tile_row * k / 2;
+    for (int step = 0; step < BLOCK / STEP; ++step) {
+        const vb packed = vb_load(tile_codes + (column / STEP + step) * STEP * TILE_ROWS / 2 + 64 * v);
+        const vb nibbles[2] = {vb_low_nibbles(packed), vb_high_nibbles(packed)};
+        for (int half = 0; half < 2; ++half)
+            for (int byte = 0; byte < 4; ++byte)
+                w[step * STEP + half * 4 + byte] =
+                    vf_mul(vf_sub(vb_lane_byte_to_vf(nibbles[half], byte), offset), scale);
+    }
+}
+
+/*
+ * Rows [row0, row0 + num_rows) of the weight (row0 a multiple of 64) as int8 codes W^T
+ * [k][num_rows] and float32 scales [num_rows] (int8_row_codes.h). Returns 0, or -1 for shapes
+ * int4_linear refuses too or rows outside the weight.
+ */
+int int4_int8_codes(const uint8_t *codes, const uint16_t *scales, const uint8_t *zero_points,
+                    int8_t *codes_t, float *row_scales, int64_t row0, int64_t num_rows,
+                    int64_t padded_n, int64_t k, int64_t group_size, int num_threads) {
+    if (k % BLOCK || group_size % BLOCK || k % group_size || padded_n % TILE_ROWS) return -1;
+    const int4_weight weight = {codes, scales, zero_points, padded_n, k, group_size};
+    return int8_row_codes(&weight, int4_block, codes_t, row_scales, row0, num_rows, padded_n, k,
+                          num_threads);
 }

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "activation_codes.h"
+#include "int8_row_codes.h"
 #include "kernels.h"
 #include "simd.h"
 
@@ -184,4 +185,38 @@ int int8_dequantize(const int8_t *codes, const act_t *scales, act_t *out, int64_
         }
     }
     return 0;
+}
+
+typedef struct {
+    const int8_t *codes;
+    const act_t *scales;
+    int64_t k;
+} int8_weight;
+
+/* w = q s of 16 rows at 32 columns, in float32 (exact: int8_dequantize's values) */
+static inline void int8_block(const void *weight, int64_t row, int64_t column, vf *w) {
+    const int8_weight *weight_of = weight;
+    const int64_t tile_row = row - row % TILE_ROWS, v = (row % TILE_ROWS) / 16;
+    const int8_t *tile_codes = weight_of->codes + tile_row * weight_of->k;
+    const vf scale = load_act(weight_of->scales + row);
+    for (int step = 0; step < BLOCK / STEP; ++step) {
+        const vb packed = vb_load(tile_codes + (column / STEP + step) * STEP * TILE_ROWS + 64 * v);
+        for (int byte = 0; byte < STEP; ++byte)
+            w[step * STEP + byte] = vf_mul(vb_lane_sbyte_to_vf(packed, byte), scale);
+    }
+}
+
+/*
+ * Rows [row0, row0 + num_rows) of the weight (row0 a multiple of 64) as int8 codes W^T
+ * [k][num_rows] with float32 scales [num_rows], recoded per row as int4_int8_codes codes
+ * (int8_row_codes.h): the codes a row has already where its largest one is +-127. Returns 0,
+ * or -1 for shapes int8_linear refuses too or rows outside the weight.
+ */
+int int8_int8_codes(const int8_t *codes, const act_t *scales, int8_t *codes_t, float *row_scales,
+                    int64_t row0, int64_t num_rows, int64_t padded_n, int64_t k,
+                    int num_threads) {
+    if (k % BLOCK || padded_n % TILE_ROWS) return -1;
+    const int8_weight weight = {codes, scales, k};
+    return int8_row_codes(&weight, int8_block, codes_t, row_scales, row0, num_rows, padded_n, k,
+                          num_threads);
 }
