@@ -210,10 +210,13 @@ def int8_codes_transposed(
     start: int,
     end: int,
     dtype: torch.dtype,
+    *,
+    scratch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Rows [start, end) of a packed int4 weight (`start` a multiple of 64) as int8 codes W^T
     [K, end - start] and float32 scales, one per row: `Int8GemmWeight.from_rows` of the rows
-    in float32, bit for bit; None where the native kernel cannot run."""
+    in float32, bit for bit; None where the native kernel cannot run. `scratch`: codes for one
+    step, in a buffer the next such call overwrites (`int8_codes_packed_transposed`)."""
     kernel = _int8_codes(dtype)
     if kernel is None:
         return None
@@ -225,4 +228,5 @@ def int8_codes_transposed(
         end=end,
         in_features=codes.shape[1] * 2,
         extra_sizes=(group_size,),
+        scratch=scratch,
     )

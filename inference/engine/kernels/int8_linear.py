@@ -127,15 +127,27 @@ def dequantize_transposed(
 
 
 def int8_codes_transposed(
-    codes: torch.Tensor, scales: torch.Tensor, start: int, end: int, dtype: torch.dtype
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    start: int,
+    end: int,
+    dtype: torch.dtype,
+    *,
+    scratch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Rows [start, end) of a packed int8 weight (scales of `dtype`; `start` a multiple of 64)
     recoded per row for the integer GEMM: int8 codes W^T [K, end - start] and float32 scales,
     `Int8GemmWeight.from_rows` of the rows in float32, bit for bit; None where the native
-    kernel cannot run."""
+    kernel cannot run. `scratch`: as for int4_linear.int8_codes_transposed."""
     kernel = _int8_codes(dtype)
     if kernel is None or scales.dtype != dtype:
         return None
     return int8_codes_packed_transposed(
-        kernel, (codes, scales), name="int8", start=start, end=end, in_features=codes.shape[1]
+        kernel,
+        (codes, scales),
+        name="int8",
+        start=start,
+        end=end,
+        in_features=codes.shape[1],
+        scratch=scratch,
     )

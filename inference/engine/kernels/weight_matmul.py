@@ -4,9 +4,13 @@ rows dequantized from that layout, or coded as int8 rows for the integer GEMM.""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 import torch
+
+# This thread's buffer for codes made for one step (`int8_codes_packed_transposed(scratch=True)`)
+_step_codes = threading.local()
 
 
 class WeightMatmul:
@@ -102,12 +106,24 @@ def int8_codes_packed_transposed(
     end: int,
     in_features: int,
     extra_sizes: tuple[int, ...] = (),
+    scratch: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows [start, end) of a packed weight (`start` a multiple of 64) as int8 codes W^T
     [in_features, end - start] and float32 scales [end - start], one per row
     (csrc/int8_row_codes.h). The kernels share one signature: (*weight pointers, codes out,
-    scales out, first row, number of rows, padded rows, k, *extra sizes, num_threads)."""
-    codes_t = torch.empty(in_features, end - start, dtype=torch.int8)
+    scales out, first row, number of rows, padded rows, k, *extra sizes, num_threads).
+
+    `scratch`: the codes are written into this thread's buffer, which the next such call
+    overwrites (codes made for one layer's step). NOTE: a fresh tensor for each of a step's
+    layers (27.5 MB for the 1.5B's gate_up) cost its page faults every time."""
+    num_codes = in_features * (end - start)
+    if scratch:
+        buffer = getattr(_step_codes, "buffer", None)
+        if buffer is None or buffer.numel() < num_codes:
+            buffer = _step_codes.buffer = torch.empty(num_codes, dtype=torch.int8)
+        codes_t = buffer[:num_codes].view(in_features, end - start)
+    else:
+        codes_t = torch.empty(in_features, end - start, dtype=torch.int8)
     scales = torch.empty(end - start, dtype=torch.float32)
     status = kernel(
         *(weight.data_ptr() for weight in weights),

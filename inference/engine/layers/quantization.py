@@ -174,11 +174,11 @@ class QuantizedLinear(nn.Module):
         self.codes_int8_gemm_weight_per_step = True
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
 
-    def make_int8_gemm_weight(self) -> Int8GemmWeight:
+    def make_int8_gemm_weight(self, *, for_one_step: bool = False) -> Int8GemmWeight:
         """The weight as int8 codes per row (`Int8GemmWeight.from_rows` of its float32 rows): by
         the native format's kernel where it runs, else with PyTorch ops a chunk of rows at a
-        time."""
-        native = self.native_int8_codes_transposed(num_rows=self.out_features)
+        time. `for_one_step`: the native codes go to a buffer the next layer's overwrite."""
+        native = self.native_int8_codes_transposed(self.out_features, scratch=for_one_step)
         if native is not None:
             codes_t, scales = native
             return Int8GemmWeight(codes_t.t(), scales)
@@ -190,11 +190,11 @@ class QuantizedLinear(nn.Module):
         return Int8GemmWeight(codes, scales)
 
     def native_int8_codes_transposed(
-        self, num_rows: int
+        self, num_rows: int, *, scratch: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(int8 codes W^T [in, num_rows], float32 scales [num_rows]) of the first `num_rows`
         rows as `make_int8_gemm_weight` codes them, by a native kernel, or None where none
-        runs."""
+        runs. `scratch`: into this thread's buffer for one step's codes."""
         return None
 
     def _row_chunks(self) -> list[tuple[int, int]]:
@@ -215,7 +215,7 @@ class QuantizedLinear(nn.Module):
             return dense.matmul(x)
         gemm_weight = self.int8_gemm_weight
         if gemm_weight is None and self.codes_int8_gemm_weight_per_step:
-            gemm_weight = self.make_int8_gemm_weight()
+            gemm_weight = self.make_int8_gemm_weight(for_one_step=True)
         if gemm_weight is not None and x.device.type == "cpu":
             return gemm_weight.matmul(x)
         chunks = self._row_chunks()
@@ -360,12 +360,12 @@ class Int8Linear(QuantizedLinear):
         return native_int8.dequantize_transposed(self.weight_int8, self.scales, start, end, dtype)
 
     def native_int8_codes_transposed(
-        self, num_rows: int
+        self, num_rows: int, *, scratch: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.is_native or self.weight_int8.device.type != "cpu":
             return None
         return native_int8.int8_codes_transposed(
-            self.weight_int8, self.scales, 0, num_rows, self.dtype
+            self.weight_int8, self.scales, 0, num_rows, self.dtype, scratch=scratch
         )
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -577,7 +577,7 @@ class Int4Linear(QuantizedLinear):
         )
 
     def native_int8_codes_transposed(
-        self, num_rows: int
+        self, num_rows: int, *, scratch: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         if not self.is_native or self.weight_int4.device.type != "cpu":
             return None
@@ -589,6 +589,7 @@ class Int4Linear(QuantizedLinear):
             0,
             num_rows,
             self.dtype,
+            scratch=scratch,
         )
 
     def dequantize_row_ids(self, row_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
