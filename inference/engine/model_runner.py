@@ -349,10 +349,10 @@ class ModelRunner:
             return "quantized", 0
         per_step: list[QuantizedLinear] = []
         if setting == "int8":
-            per_step = [layer for layer in layers if layer.makes_int8_codes_natively]
-            layers = [layer for layer in layers if not layer.makes_int8_codes_natively]
-            if is_auto:  # NOTE: codes kept are memory that was not asked for
-                layers = []
+            natively = [layer.makes_int8_codes_natively for layer in layers]
+            per_step = [layer for layer, native in zip(layers, natively, strict=True) if native]
+            # NOTE: codes kept are memory that was not asked for under auto
+            layers = [] if is_auto else [layer for layer in layers if layer not in per_step]
         if is_auto and layers:  # what was not asked for must leave room
             num_bytes = self.dtype.itemsize * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()

@@ -82,18 +82,8 @@ def dequantize_packed_transposed(
     end - start] of `dtype`. The kernels share one signature: (*weight pointers, out, first row,
     number of rows, padded rows, k, *extra sizes, num_threads)."""
     out = torch.empty(in_features, end - start, dtype=dtype)
-    status = kernel(
-        *(weight.data_ptr() for weight in weights),
-        out.data_ptr(),
-        start,
-        end - start,
-        weights[0].shape[0],
-        in_features,
-        *extra_sizes,
-        torch.get_num_threads(),
-    )
-    if status != 0:
-        raise RuntimeError(f"{name}_dequantize refused rows [{start}, {end}) (status {status})")
+    rows = (start, end, in_features)
+    _run_on_rows(kernel, weights, (out,), f"{name}_dequantize", *rows, extra_sizes)
     return out
 
 
@@ -125,10 +115,25 @@ def int8_codes_packed_transposed(
     else:
         codes_t = torch.empty(in_features, end - start, dtype=torch.int8)
     scales = torch.empty(end - start, dtype=torch.float32)
+    rows = (start, end, in_features)
+    _run_on_rows(kernel, weights, (codes_t, scales), f"{name}_int8_codes", *rows, extra_sizes)
+    return codes_t, scales
+
+
+def _run_on_rows(
+    kernel: Callable[..., int],
+    weights: tuple[torch.Tensor, ...],
+    outputs: tuple[torch.Tensor, ...],
+    kernel_name: str,
+    start: int,
+    end: int,
+    in_features: int,
+    extra_sizes: tuple[int, ...],
+) -> None:
+    """Calls a kernel of the row kernels' signature: (*weight pointers, *output pointers, first
+    row, number of rows, padded rows, k, *extra sizes, num_threads); raises if it refuses."""
     status = kernel(
-        *(weight.data_ptr() for weight in weights),
-        codes_t.data_ptr(),
-        scales.data_ptr(),
+        *(tensor.data_ptr() for tensor in weights + outputs),
         start,
         end - start,
         weights[0].shape[0],
@@ -137,5 +142,4 @@ def int8_codes_packed_transposed(
         torch.get_num_threads(),
     )
     if status != 0:
-        raise RuntimeError(f"{name}_int8_codes refused rows [{start}, {end}) (status {status})")
-    return codes_t, scales
+        raise RuntimeError(f"{kernel_name} refused rows [{start}, {end}) (status {status})")
