@@ -133,6 +133,7 @@ KERNELS = {
     "rotary_store": KernelSpec("rotary_store.c"),
     "int4_linear": KernelSpec("int4_linear.c"),
     "int8_linear": KernelSpec("int8_linear.c"),
+    "int8_gemm": KernelSpec("int8_gemm.c"),
     "linear_bf16": KernelSpec(
         "linear_bf16.c",
         only_level="avx512_bf16",

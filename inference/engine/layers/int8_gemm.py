@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.engine.kernels import int8_gemm as native_int8_gemm
+
 # NOTE: an input column is an outlier when its peak passes this many times the median column's
 # peak; on SmolLM2's activations 6 set 0.1-1% of the columns aside (4: 0.5-2%, for less gain).
 OUTLIER_RATIO = 6.0
@@ -84,18 +86,34 @@ class Int8GemmWeight:
         max_outliers = int(MAX_OUTLIER_SHARE * x.shape[1])
         if outliers.numel() > max_outliers:
             outliers = column_peaks.topk(max_outliers).indices
-        if outliers.numel():
-            outlier_x = x.index_select(1, outliers)
-            x = x.index_fill(1, outliers, 0)
-            magnitudes = magnitudes.index_fill(1, outliers, 0)
-        token_scales = magnitudes.amax(dim=1, keepdim=True).float()
-        token_scales = token_scales.clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
-        codes = torch.round(x.float() / token_scales).to(torch.int8)
+        native = native_int8_gemm.is_supported(x, self.codes.shape[0])
+        if native:
+            skip = torch.zeros(x.shape[1], dtype=torch.uint8)
+            skip[outliers] = 1
+            codes, token_scales = native_int8_gemm.code_tokens(x, skip)
+        else:
+            codes, token_scales = _code_tokens(x, magnitudes, outliers)
         sums = torch._int_mm(codes, self.codes.t())
-        y = sums.float().mul_(token_scales).mul_(self.scales).to(x.dtype)
+        if native:
+            y = native_int8_gemm.scale_sums(sums, token_scales, self.scales, x.dtype)
+        else:
+            y = sums.float().mul_(token_scales).mul_(self.scales).to(x.dtype)
         if outliers.numel():
             # NOTE: rows of W^T: a few rows copied whatever the codes' layout (index_select on
             # the columns of a transposed view first copied all of it)
             weight_rows = self.codes.t().index_select(0, outliers).float() * self.scales
-            y.addmm_(outlier_x, weight_rows.to(x.dtype))
+            y.addmm_(x.index_select(1, outliers), weight_rows.to(x.dtype))
         return y
+
+
+def _code_tokens(
+    x: torch.Tensor, magnitudes: torch.Tensor, outliers: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [tokens, in], float32 scales [tokens, 1]) of x with the `outliers` columns
+    left out, in PyTorch ops (kernels/int8_gemm.py does the same in one pass)."""
+    if outliers.numel():
+        x = x.index_fill(1, outliers, 0)
+        magnitudes = magnitudes.index_fill(1, outliers, 0)
+    token_scales = magnitudes.amax(dim=1, keepdim=True).float()
+    token_scales = token_scales.clamp_min(torch.finfo(torch.float32).tiny) / INT8_MAX
+    return torch.round(x.float() / token_scales).to(torch.int8), token_scales

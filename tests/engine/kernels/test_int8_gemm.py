@@ -1,0 +1,64 @@
+"""The integer GEMM's native coding and scaling passes (csrc/int8_gemm.c) against the PyTorch
+ops they replace (layers/int8_gemm.py), bit for bit, at every instruction set level the CPU has
+and for both activation types."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.engine.kernels import int8_gemm
+from inference.engine.layers.int8_gemm import _code_tokens
+
+needs_kernel = pytest.mark.skipif(
+    not int8_gemm.is_supported(torch.zeros(1, 16), 16),
+    reason="the native kernels need a CPU with AVX2, AVX-512 or NEON and a C compiler",
+)
+
+
+def activations(num_tokens: int, in_features: int, dtype: torch.dtype) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(num_tokens * 31 + in_features)
+    x = torch.randn(num_tokens, in_features, generator=generator)
+    x[:, 5] *= 40  # an outlier column
+    if num_tokens > 1:
+        x[1] = 0  # a token of zeros: the smallest scale, codes 0
+    return x.to(dtype)
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_tokens", "in_features"), [(1, 16), (7, 576), (130, 1536)])
+@pytest.mark.parametrize("with_outliers", [True, False])
+def test_native_codes_and_scales_are_pytorchs(
+    num_tokens, in_features, with_outliers, isa_level, dtype
+) -> None:
+    x = activations(num_tokens, in_features, dtype)
+    outliers = torch.tensor([5, in_features - 1] if with_outliers else [], dtype=torch.int64)
+    skip = torch.zeros(in_features, dtype=torch.uint8)
+    skip[outliers] = 1
+    codes, scales = int8_gemm.code_tokens(x, skip)
+    expected_codes, expected_scales = _code_tokens(x, x.abs(), outliers)
+    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
+    if with_outliers:
+        assert not codes[:, outliers].any()
+    assert codes.abs().amax() == 127
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_tokens", "out_features"), [(1, 16), (9, 960), (128, 2048)])
+def test_native_scaled_sums_are_pytorchs(num_tokens, out_features, isa_level, dtype) -> None:
+    generator = torch.Generator().manual_seed(num_tokens + out_features)
+    sums = torch.randint(-(2**20), 2**20, (num_tokens, out_features), generator=generator)
+    sums = sums.to(torch.int32)
+    token_scales = torch.rand(num_tokens, 1, generator=generator) / 127
+    row_scales = torch.rand(out_features, generator=generator) / 127
+    y = int8_gemm.scale_sums(sums, token_scales, row_scales, dtype)
+    expected = sums.float().mul_(token_scales).mul_(row_scales).to(dtype)
+    assert torch.equal(y, expected)
+
+
+@needs_kernel
+def test_widths_that_are_not_a_multiple_of_16_are_refused(dtype) -> None:
+    assert not int8_gemm.is_supported(torch.zeros(2, 24, dtype=dtype), 16)
+    assert not int8_gemm.is_supported(torch.zeros(2, 16, dtype=dtype), 40)
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        int8_gemm.code_tokens(torch.zeros(2, 24, dtype=dtype), torch.zeros(24, dtype=torch.uint8))
