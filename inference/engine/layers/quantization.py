@@ -177,7 +177,7 @@ class QuantizedLinear(nn.Module):
     def make_int8_gemm_weight(self, *, for_one_step: bool = False) -> Int8GemmWeight:
         """The weight as int8 codes per row (`Int8GemmWeight.from_rows` of its float32 rows): by
         the native format's kernel where it runs, else with PyTorch ops a chunk of rows at a
-        time. `for_one_step`: the native codes go to a buffer the next layer's overwrite."""
+        time. `for_one_step`: the native codes go to a buffer the next layer's codes overwrite."""
         native = self.native_int8_codes_transposed(self.out_features, scratch=for_one_step)
         if native is not None:
             codes_t, scales = native
@@ -214,7 +214,7 @@ class QuantizedLinear(nn.Module):
         if dense is not None and dense.dtype == x.dtype and dense.device == x.device:
             return dense.matmul(x)
         gemm_weight = self.int8_gemm_weight
-        if gemm_weight is None and self.codes_int8_gemm_weight_per_step:
+        if gemm_weight is None and self.codes_int8_gemm_weight_per_step and x.device.type == "cpu":
             gemm_weight = self.make_int8_gemm_weight(for_one_step=True)
         if gemm_weight is not None and x.device.type == "cpu":
             return gemm_weight.matmul(x)
