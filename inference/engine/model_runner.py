@@ -347,13 +347,9 @@ class ModelRunner:
         layers = dense_weight_layers(self.model, skip=skip)
         if not layers:
             return "quantized", 0
-        per_step: list[QuantizedLinear] = []
         if setting == "int8":
-            natively = [layer.makes_int8_codes_natively for layer in layers]
-            per_step = [layer for layer, native in zip(layers, natively, strict=True) if native]
-            # NOTE: codes kept are memory that was not asked for under auto
-            layers = [] if is_auto else [layer for layer in layers if layer not in per_step]
-        if is_auto and layers:  # what was not asked for must leave room
+            return self._use_int8_codes(layers, is_auto)
+        if is_auto:  # what was not asked for must leave room
             num_bytes = self.dtype.itemsize * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()
             if available is not None and num_bytes > available // 2:
@@ -365,25 +361,8 @@ class ModelRunner:
                     available / 2**30,
                 )
                 return "quantized", 0
-        if not layers and not per_step:
-            return "quantized", 0
-        if setting == "int8":
-            for layer in per_step:
-                layer.make_int8_codes_per_step(INT8_CODES_PER_STEP_KERNEL_TOKENS)
-            max_kernel_tokens = INT8_GEMM_KERNEL_TOKENS
-            kept = sum(layer.keep_int8_gemm_weight(max_kernel_tokens) for layer in layers)
-            if per_step:
-                logger.info(
-                    "prefill weights: int8 codes made per step for %d quantized layers, used "
-                    "for steps of more than %d tokens",
-                    len(per_step),
-                    INT8_CODES_PER_STEP_KERNEL_TOKENS,
-                )
-            if not layers:
-                return setting, 0
-        else:
-            max_kernel_tokens = dense_kernel_token_limit()
-            kept = keep_dense_weights(layers, max_kernel_tokens)
+        max_kernel_tokens = dense_kernel_token_limit()
+        kept = keep_dense_weights(layers, max_kernel_tokens)
         logger.info(
             "prefill weights: %s copies of %d quantized layers (%.2f GiB), used for steps "
             "of more than %d tokens",
@@ -393,6 +372,29 @@ class ModelRunner:
             max_kernel_tokens,
         )
         return setting, kept
+
+    def _use_int8_codes(self, layers: list[QuantizedLinear], is_auto: bool) -> tuple[str, int]:
+        """int8 codes for `layers`' prefill-sized steps: made per step where the layer's native
+        kernel makes them, else kept (a byte a weight), but not under "auto": memory that was
+        not asked for. ("int8" | "quantized", the bytes kept.)"""
+        per_step = [layer for layer in layers if layer.makes_int8_codes_natively]
+        kept_layers = [] if is_auto else [layer for layer in layers if layer not in per_step]
+        if not per_step and not kept_layers:
+            return "quantized", 0
+        for layer in per_step:
+            layer.make_int8_codes_per_step(INT8_CODES_PER_STEP_KERNEL_TOKENS)
+        kept = sum(layer.keep_int8_gemm_weight(INT8_GEMM_KERNEL_TOKENS) for layer in kept_layers)
+        logger.info(
+            "prefill weights: int8 codes for %d quantized layers, made per step for %d (steps "
+            "of more than %d tokens), kept for %d (%.2f GiB, steps of more than %d tokens)",
+            len(per_step) + len(kept_layers),
+            len(per_step),
+            INT8_CODES_PER_STEP_KERNEL_TOKENS,
+            len(kept_layers),
+            kept / 2**30,
+            INT8_GEMM_KERNEL_TOKENS,
+        )
+        return "int8", kept
 
     def cannot_reuse_kv_reason(self) -> str | None:
         """Why passages' keys/values cannot be moved to other positions here (chunk-KV reuse,
