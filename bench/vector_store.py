@@ -17,8 +17,10 @@ exact search (numpy, over the same filter). A query is a stored vector plus nois
   without it the bundled server of the test extra runs (`harness.bundled_postgres`). Chunk rows
   and vectors go in by one binary COPY, before the HNSW index is built (`index_build_s`), as
   `import_faiss_index` into an empty column would not: at scale a bulk build is much faster
-  than inserting row by row. `--plans planner,hnsw` times the store as served, then with the
-  HNSW index forced, on the same load.
+  than inserting row by row. Then each collection of more than `--own-index-rows` chunks gets
+  its own HNSW index, as `manage.py index_collections` builds them (`collection_index_build_s`).
+  `--plans planner,hnsw` times the store as served (a large collection through its own index),
+  then with the whole table's HNSW index forced for every search, on the same load.
 
     python -m bench.vector_store --chunks 20000 --store pgvector --plans planner,hnsw
     python -m bench.vector_store --chunks 1000000 --store pgvector --database-url postgres://...
@@ -196,18 +198,21 @@ def build_hnsw_index(m: int = 16, ef_construction: int = 64) -> float:
     return build_s
 
 
-def uses_index(store: Any, query: np.ndarray, collection_ids: list[int] | None) -> bool:
-    """Whether PostgreSQL's plan for this search, as the store runs it, scans the HNSW index."""
+def used_indexes(store: Any, query: np.ndarray, collection_ids: list[int] | None) -> list[str]:
+    """The HNSW indexes PostgreSQL's plans for this search, as the store runs it, scan: the
+    whole table's, a collection's own, or none (an exact read)."""
     from django.db import connection, transaction
 
     from retrieval.pgvector_store import INDEX
 
+    found = []
     with transaction.atomic(), connection.cursor() as cursor:
-        exact = store.reads_exactly(cursor, collection_ids)
-        sql, params = store.search_query(query, TOP, collection_ids, exact=exact)
         store.configure_search(cursor, TOP)
-        cursor.execute(f"EXPLAIN {sql}", params)
-        return any(INDEX in row[0] for row in cursor.fetchall())
+        for sql, params in store.search_queries(cursor, query, TOP, collection_ids):
+            cursor.execute(f"EXPLAIN {sql}", params)
+            for (line,) in cursor.fetchall():
+                found += [word for word in line.split() if word.startswith(INDEX)]
+    return found
 
 
 def set_plan(store: Any, plan: str, exact_rows: int) -> None:
@@ -220,6 +225,7 @@ def set_plan(store: Any, plan: str, exact_rows: int) -> None:
     from django.db import connection
 
     store.exact_rows = 0 if plan == "hnsw" else exact_rows
+    store.use_collection_indexes = plan != "hnsw"
     with connection.cursor() as cursor:
         cursor.execute("SET enable_sort = off" if plan == "hnsw" else "RESET enable_sort")
 
@@ -234,6 +240,7 @@ def run_bench(
     ef_searches: tuple[int, ...] = (100,),
     plans: tuple[str, ...] = ("planner",),
     exact_rows: int | None = None,
+    own_index_rows: int | None = None,
     m: int = 16,
     ef_construction: int = 64,
 ) -> dict[str, Any]:
@@ -241,6 +248,7 @@ def run_bench(
     are measured one after the other on the one index."""
     from django.conf import settings
 
+    from retrieval.collection_indexes import OWN_INDEX_ROWS, update_collection_indexes
     from retrieval.models import Chunk
     from retrieval.pgvector_store import EXACT_ROWS, PgVectorStore
     from retrieval.vector_store import VectorStore
@@ -255,7 +263,8 @@ def run_bench(
         plans, ef_searches = ("exact",), ef_searches[:1]
     vectors = synthetic_vectors(num_chunks, rng)
     began = time.perf_counter()
-    index_build_s = None
+    index_build_s = collection_index_build_s = None
+    own_indexes: list[int] = []
     if isinstance(store, PgVectorStore):
         document_ids, owner, collection_ids = make_documents(
             num_chunks, num_collections, chunks_per_document
@@ -263,6 +272,11 @@ def run_bench(
         ids = copy_rows_with_vectors(document_ids, vectors)
         load_s = time.perf_counter() - began
         index_build_s = build_hnsw_index(m, ef_construction)
+        built_at = time.perf_counter()
+        own_indexes = update_collection_indexes(
+            min_rows=OWN_INDEX_ROWS if own_index_rows is None else own_index_rows
+        ).built
+        collection_index_build_s = time.perf_counter() - built_at
     else:
         ids, owner, collection_ids = make_rows(num_chunks, num_collections, chunks_per_document)
         store.replace([], ids.tolist(), vectors)
@@ -317,9 +331,9 @@ def run_bench(
         # NOTE: PostgreSQL's planner picks an exact scan where it costs less (small tables, a
         # narrow filter); recall is then 1.0 and the HNSW index is not what was timed.
         if isinstance(store, PgVectorStore):
-            results["uses_hnsw_index"] = {
-                "unfiltered": uses_index(store, queries[0], None),
-                "filtered": uses_index(store, queries[0], [collection_ids[0]]),
+            results["hnsw_indexes_used"] = {
+                "unfiltered": used_indexes(store, queries[0], None),
+                "filtered": used_indexes(store, queries[0], [collection_ids[0]]),
             }
         measured[plan if len(ef_searches) == 1 else f"{plan}/ef{ef_search}"] = results
     return {
@@ -337,6 +351,10 @@ def run_bench(
         "load_s": round(load_s, 1),
         "load_vectors_per_s": round(num_chunks / load_s),
         "index_build_s": None if index_build_s is None else round(index_build_s, 1),
+        "collections_with_own_index": len(own_indexes),
+        "collection_index_build_s": None
+        if collection_index_build_s is None
+        else round(collection_index_build_s, 1),
         "plans": measured,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "cpu": cpu_name(),
@@ -384,6 +402,13 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="pgvector, planner plan: a filter admitting at most this many chunks is scored "
         "exactly (default: the store's EXACT_ROWS)",
+    )
+    parser.add_argument(
+        "--own-index-rows",
+        type=int,
+        default=None,
+        help="pgvector: a collection of more chunks gets its own HNSW index (default: "
+        "retrieval.collection_indexes.OWN_INDEX_ROWS)",
     )
     parser.add_argument("--database-url", default=None, help="a PostgreSQL server with pgvector")
     parser.add_argument(
@@ -440,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
                 ef_searches=ef_searches,
                 plans=plans,
                 exact_rows=args.exact_rows,
+                own_index_rows=args.own_index_rows,
                 m=args.m,
                 ef_construction=args.ef_construction,
             )

@@ -14,6 +14,7 @@ from django.db import OperationalError, transaction
 from django.utils.translation import gettext, gettext_noop
 from kombu.exceptions import OperationalError as BrokerError
 
+from retrieval.collection_indexes import update_collection_indexes
 from retrieval.ingest import fail, ingest
 from retrieval.models import Collection, Document
 from retrieval.reasons import Reason
@@ -84,7 +85,33 @@ def ingest_document(self: Task[[int], TaskResult], document_id: int) -> TaskResu
         raise
     if document is None:
         return {"document_id": document_id, "status": "deleted"}
+    if document.status == Document.Status.READY and get_retriever().vectors.in_database:
+        enqueue_collection_index(document.collection_id)
     return {"document_id": document_id, "status": document.status, "error": document.error}
+
+
+@shared_task(name="retrieval.index_collection", ignore_result=True)
+def index_collection(collection_id: int) -> None:
+    """Give the collection an HNSW index of its own if it has grown past
+    `collection_indexes.OWN_INDEX_ROWS` chunks (pgvector; see `retrieval.collection_indexes`).
+
+    NOTE: never raises: searches work without the index (through the whole table's), and the
+    next ingestion or `manage.py index_collections` tries again.
+    """
+    try:
+        done = update_collection_indexes([collection_id])
+    except Exception:
+        logger.exception("could not update collection %s's own vector index", collection_id)
+        return
+    if done.built or done.dropped:
+        logger.info("collection indexes: built for %s, dropped for %s", done.built, done.dropped)
+
+
+def enqueue_collection_index(collection_id: int) -> None:
+    try:
+        index_collection.apply_async((collection_id,), ignore_result=True)
+    except BrokerError as error:
+        logger.warning("could not queue collection %s's index check: %s", collection_id, error)
 
 
 def _fail_quietly(document_id: int, reason: Reason) -> None:

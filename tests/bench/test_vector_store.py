@@ -44,10 +44,12 @@ def test_the_pgvector_store_is_measured_through_its_hnsw_index(bundled_postgres)
     )
     assert report["store"].startswith("pgvector: ") and report["chunks"] == 400
     assert report["index_build_s"] is not None and report["load_vectors_per_s"] > 0
+    assert report["collections_with_own_index"] == 0  # NOTE: 100 chunks each, far too few
     forced, served = report["plans"]["hnsw"], report["plans"]["planner"]
-    assert forced["uses_hnsw_index"] == {"unfiltered": True, "filtered": True}
+    index = "retrieval_chunk_embedding_hnsw"
+    assert forced["hnsw_indexes_used"] == {"unfiltered": [index], "filtered": [index]}
     # served, a collection of 100 chunks is scored exactly (the index: the planner's choice)
-    assert served["uses_hnsw_index"]["filtered"] is False
+    assert served["hnsw_indexes_used"]["filtered"] == []
     assert served["filtered"]["recall_at_10"] == 1.0
     for kind in ("unfiltered", "filtered"):
         for plan in (forced, served):
@@ -56,3 +58,18 @@ def test_the_pgvector_store_is_measured_through_its_hnsw_index(bundled_postgres)
     with psycopg.connect(bundled_postgres.url()) as connection:  # its database is gone
         names = connection.execute("SELECT datname FROM pg_database").fetchall()
     assert ("cachet_bench_vectors",) not in names
+
+
+def test_a_large_collection_is_measured_through_its_own_index(bundled_postgres) -> None:
+    report = run_bench(
+        "--store", "pgvector", "--plans", "planner,hnsw", "--own-index-rows", "50",
+        "--exact-rows", "50", "--database-url", bundled_postgres.url(),
+    )  # fmt: skip
+    assert report["collections_with_own_index"] == 4
+    assert report["collection_index_build_s"] is not None
+    served, forced = report["plans"]["planner"], report["plans"]["hnsw"]
+    # NOTE: the planner's choice at 100 chunks may be an exact read; either way, never the
+    # whole table's index for one collection that has its own
+    assert served["hnsw_indexes_used"]["filtered"] in ([], ["retrieval_chunk_embedding_hnsw_c1"])
+    assert forced["hnsw_indexes_used"]["filtered"] == ["retrieval_chunk_embedding_hnsw"]
+    assert served["filtered"]["recall_at_10"] >= 0.9
