@@ -5,9 +5,10 @@ dimension, 384; no model runs: a search's cost depends on the count and the dime
 the text) grouped around `--chunks / 100` random centres, as embeddings of related passages are,
 in ready documents of `--chunks-per-document` consecutive chunks, dealt in turn to
 `--collections` collections. Then times `--queries` searches for
-the 10 nearest chunks, each once over everything and once filtered to one collection (1 in
-`--collections` of the chunks: a user who may read one knowledge base), and scores each against
-exact search (numpy, over the same filter). A query is a stored vector plus noise.
+the 10 nearest chunks, each once over everything, once filtered to one collection (1 in
+`--collections` of the chunks: a user who may read one knowledge base) and, with 6 collections
+or more, once filtered to 3 (`filtered_3`), and scores each against exact search (numpy, over
+the same filter). A query is a stored vector plus noise.
 
 - `--store faiss`: a SQLite database and the faiss file in a temporary directory; the filtered
   search first reads the collection's chunk ids from the database, as `Retriever.ranked_pool`
@@ -58,6 +59,8 @@ MODEL = "bench-synthetic"
 BENCH_DATABASE = "cachet_bench_vectors"
 LOAD_BATCH = 10_000
 TOP = 10
+# The collections of the "several" filter.
+SEVERAL = 3
 
 
 def synthetic_vectors(count: int, rng: np.random.Generator) -> np.ndarray:
@@ -282,11 +285,9 @@ def run_bench(
         store.replace([], ids.tolist(), vectors)
         load_s = time.perf_counter() - began
 
-    def allowed(collection: int) -> np.ndarray:
-        return np.fromiter(
-            Chunk.objects.filter(document__collection_id=collection).values_list("id", flat=True),
-            dtype=np.int64,
-        )
+    def allowed(collections: list[int]) -> np.ndarray:
+        chunks = Chunk.objects.filter(document__collection_id__in=collections)
+        return np.fromiter(chunks.values_list("id", flat=True), dtype=np.int64)
 
     queries = []
     for _ in range(num_queries):
@@ -294,10 +295,19 @@ def run_bench(
             DIMENSION
         )
         queries.append((query / np.linalg.norm(query)).astype(np.float32))
+    # NOTE: a user who may read one knowledge base, and one who may read several (3 of them,
+    # where there are enough: a search per collection with its own index, merged)
+    scopes = {"unfiltered": 0, "filtered": 1}
+    if num_collections >= 2 * SEVERAL:
+        scopes[f"filtered_{SEVERAL}"] = SEVERAL
+
+    def scope_of(kind: str, q: int) -> list[int]:
+        return [(q + j) % num_collections for j in range(scopes[kind])]
+
     exact: dict[tuple[str, int], set[int]] = {}
-    for kind in ("unfiltered", "filtered"):
+    for kind in scopes:
         for q, query in enumerate(queries):
-            mask = owner == q % num_collections if kind == "filtered" else slice(None)
+            mask = np.isin(owner, scope_of(kind, q)) if scopes[kind] else slice(None)
             best = ids[mask][np.argsort(-(vectors[mask] @ query))[:TOP]]
             exact[kind, q] = set(best.tolist())
 
@@ -307,15 +317,15 @@ def run_bench(
             set_plan(store, plan, EXACT_ROWS if exact_rows is None else exact_rows)
             store.ef_search = ef_search
         results: dict[str, Any] = {}
-        for kind in ("unfiltered", "filtered"):
+        for kind in scopes:
             timings: dict[str, list[float]] = {"total_ms": [], "filter_ids_ms": [], "search_ms": []}
             recalls = []
             for q, query in enumerate(queries):
-                scope = [collection_ids[q % num_collections]] if kind == "filtered" else None
+                scope = [collection_ids[c] for c in scope_of(kind, q)] if scopes[kind] else None
                 began = time.perf_counter()
                 allowed_ids = None
                 if scope is not None and not store.in_database:
-                    allowed_ids = allowed(scope[0])
+                    allowed_ids = allowed(scope)
                 filtered_at = time.perf_counter()
                 found = store.search(query, TOP, allowed_ids, scope)
                 done = time.perf_counter()
@@ -332,8 +342,12 @@ def run_bench(
         # narrow filter); recall is then 1.0 and the HNSW index is not what was timed.
         if isinstance(store, PgVectorStore):
             results["hnsw_indexes_used"] = {
-                "unfiltered": used_indexes(store, queries[0], None),
-                "filtered": used_indexes(store, queries[0], [collection_ids[0]]),
+                kind: used_indexes(
+                    store,
+                    queries[0],
+                    [collection_ids[c] for c in scope_of(kind, 0)] if scopes[kind] else None,
+                )
+                for kind in scopes
             }
         measured[plan if len(ef_searches) == 1 else f"{plan}/ef{ef_search}"] = results
     return {

@@ -353,14 +353,19 @@ class PgVectorStore:
     ) -> list[tuple[str, list[Any]]]:
         """The search's queries: one per collection of `collection_ids` that has an HNSW index
         of its own (`retrieval.collection_indexes`), one for the rest, read exactly where they
-        are few (`reads_exactly`), else through the whole table's index."""
+        are few (`reads_exactly`), else through the whole table's index.
+
+        NOTE: collections with their own index that hold half the table's rows or more (as
+        PostgreSQL last counted) are searched through the whole table's index instead, as one:
+        a filter that admits most rows costs a graph search little recall, and one query costs
+        less than several.
+        """
         if collection_ids is None:
             return [self.search_query(query, limit, None)]
-        own = (
-            self.collections_with_own_index(cursor) & set(collection_ids)
-            if self.use_collection_indexes
-            else set()
-        )
+        indexed = self.collections_with_own_index(cursor) if self.use_collection_indexes else {}
+        own = {c: rows for c, rows in indexed.items() if c in set(collection_ids)}
+        if own and 2 * sum(own.values()) >= self._table_rows(cursor) > 0:
+            own = {}
         queries = [self.search_query(query, limit, [c], own_index=True) for c in sorted(own)]
         rest = [c for c in collection_ids if c not in own]
         if rest:
@@ -369,17 +374,29 @@ class PgVectorStore:
         return queries
 
     @staticmethod
-    def collections_with_own_index(cursor: Any) -> set[int]:
+    def collections_with_own_index(cursor: Any) -> dict[int, float]:
         """The collections whose own HNSW index is built and valid (one being built
-        concurrently, or left invalid by a failed build, is not)."""
+        concurrently, or left invalid by a failed build, is not), with the rows it held when
+        last counted (PostgreSQL's statistics: the build's count, then ANALYZE's)."""
         cursor.execute(
-            "SELECT c.relname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "SELECT c.relname, greatest(c.reltuples, 0) FROM pg_index i "
+            "JOIN pg_class c ON c.oid = i.indexrelid "
             "WHERE i.indrelid = %s::regclass AND i.indisvalid AND i.indisready "
             "AND starts_with(c.relname, %s)",
             [TABLE, COLLECTION_INDEX_PREFIX],
         )
-        names = (row[0][len(COLLECTION_INDEX_PREFIX) :] for row in cursor.fetchall())
-        return {int(name) for name in names if name.isdigit()}
+        found = {}
+        for name, rows in cursor.fetchall():
+            suffix = name[len(COLLECTION_INDEX_PREFIX) :]
+            if suffix.isdigit():
+                found[int(suffix)] = float(rows)
+        return found
+
+    @staticmethod
+    def _table_rows(cursor: Any) -> float:
+        """The chunk rows as PostgreSQL last counted them (ANALYZE, autovacuum); -1 unknown."""
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [TABLE])
+        return float(cursor.fetchone()[0])
 
     def configure_search(self, cursor: Any, limit: int) -> None:
         """The search's settings, for the rest of the cursor's transaction.

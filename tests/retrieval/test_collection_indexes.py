@@ -71,7 +71,7 @@ def plan_of(store: PgVectorStore, query: np.ndarray, collection_ids: list[int]) 
 
 def own_indexes(store: PgVectorStore) -> set[int]:
     with connection.cursor() as cursor:
-        return store.collections_with_own_index(cursor)
+        return set(store.collections_with_own_index(cursor))
 
 
 def chunk_collections(ids: list[int]) -> set[int | None]:
@@ -86,7 +86,9 @@ def test_chunks_carry_their_documents_collection_and_follow_a_moved_document(
     pgvector_retriever,
 ) -> None:
     store = pgvector_retriever.vectors
-    (first, second), ids, vectors = collections_of_sizes(store, np.random.default_rng(1), [120, 60])
+    (first, second, _), ids, vectors = collections_of_sizes(
+        store, np.random.default_rng(1), [120, 60, 100]
+    )  # NOTE: the first holds less than half the rows, so its own index serves it
     assert chunk_collections(ids[0].tolist()) == {first.pk}
     assert chunk_collections(ids[1].tolist()) == {second.pk}
     update_collection_indexes(min_rows=100)
@@ -195,3 +197,28 @@ def test_an_ingested_document_that_makes_its_collection_large_gives_it_its_own_i
     assert result["status"] == "ready"
     assert Chunk.objects.filter(document__collection=hr).count() > 1
     assert own_indexes(pgvector_retriever.vectors) == {hr.pk}
+
+
+def test_collections_holding_most_chunks_are_searched_through_the_whole_tables_index(
+    pgvector_retriever,
+) -> None:
+    """A filter admitting most rows costs a graph search little recall, and one query less
+    than one per collection."""
+    store = pgvector_retriever.vectors
+    rng = np.random.default_rng(6)
+    collections, ids, vectors = collections_of_sizes(store, rng, [300, 300, 100])
+    first, second, _ = (c.pk for c in collections)
+    update_collection_indexes(min_rows=200)
+    store.exact_rows = 200  # NOTE: as in service, a collection with its own index is too large
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE retrieval_chunk")  # NOTE: what autovacuum does in service
+    query = vectors[1][3]
+    one = plan_of(store, query, [first])  # 300 of 700: its own index
+    assert index_name(first) in one and f"{INDEX} on" not in one, one
+    both = plan_of(store, query, [first, second])  # 600 of 700: the whole table's, once
+    assert f"{INDEX} on" in both and index_name(first) not in both, both
+    assert both.count("Limit") == 2  # NOTE: one query (an inner and an outer LIMIT)
+    found = [i for i, _ in store.search(query, 10, collection_ids=[first, second])]
+    pool_ids, pool = np.concatenate(ids[:2]), np.concatenate(vectors[:2])
+    exact = pool_ids[np.argsort(-(pool @ query))[:10]].tolist()
+    assert len(set(found) & set(exact)) >= 9
