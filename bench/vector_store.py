@@ -276,9 +276,10 @@ def run_bench(
         load_s = time.perf_counter() - began
         index_build_s = build_hnsw_index(m, ef_construction)
         built_at = time.perf_counter()
-        own_indexes = update_collection_indexes(
+        own_pass = update_collection_indexes(
             min_rows=OWN_INDEX_ROWS if own_index_rows is None else own_index_rows
-        ).built
+        )
+        own_indexes = [] if own_pass is None else own_pass.built
         collection_index_build_s = time.perf_counter() - built_at
     else:
         ids, owner, collection_ids = make_rows(num_chunks, num_collections, chunks_per_document)

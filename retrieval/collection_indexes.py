@@ -64,17 +64,21 @@ def update_collection_indexes(
     collection_ids: Iterable[int] | None = None,
     *,
     min_rows: int | None = None,
+    wait: bool = True,
     alias: str = "default",
-) -> IndexPass:
+) -> IndexPass | None:
     """Build the indexes that `collection_ids` (None: every collection) lack and drop those no
-    longer wanted; waits for another process's pass first. Must not run inside a transaction
-    (CREATE INDEX CONCURRENTLY cannot). `min_rows`: `OWN_INDEX_ROWS` unless given."""
+    longer wanted. Another process's pass goes first: waited for, or with `wait` False, None
+    at once (a build can take minutes). Must not run inside a transaction (CREATE INDEX
+    CONCURRENTLY cannot). `min_rows`: `OWN_INDEX_ROWS` unless given."""
     min_rows = OWN_INDEX_ROWS if min_rows is None else min_rows
     connection = connections[alias]
     if connection.in_atomic_block:
         raise RuntimeError("collection indexes are built concurrently, outside a transaction")
     done = IndexPass()
-    with _build_lock(alias) as cursor:
+    with _build_lock(alias, wait) as cursor:
+        if cursor is None:
+            return None
         indexes = _collection_indexes(cursor)
         cursor.execute("SELECT id FROM retrieval_collection")
         existing = {row[0] for row in cursor.fetchall()}
@@ -97,9 +101,17 @@ def update_collection_indexes(
 
 
 @contextmanager
-def _build_lock(alias: str) -> Iterator[Any]:
+def _build_lock(alias: str, wait: bool) -> Iterator[Any]:
+    """A cursor holding the builders' lock for the session, or None where `wait` is False and
+    another process holds it."""
     with connections[alias].cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_lock(%s)", [BUILD_LOCK_KEY])
+        if wait:
+            cursor.execute("SELECT pg_advisory_lock(%s)", [BUILD_LOCK_KEY])
+        else:
+            cursor.execute("SELECT pg_try_advisory_lock(%s)", [BUILD_LOCK_KEY])
+            if not cursor.fetchone()[0]:
+                yield None
+                return
         try:
             yield cursor
         finally:

@@ -26,6 +26,9 @@ logger = logging.getLogger(__name__)
 TRANSIENT_ERRORS = (OperationalError, ConnectionError, TimeoutError)
 SOFT_TIME_LIMIT_S = 30 * 60
 MAX_RETRIES = 3
+# A collection's index check that finds another build under way tries again this often.
+INDEX_RETRY_DELAY_S = 120
+INDEX_RETRIES = 20
 # The start of a document's error when its ingestion could not be queued (see `was_not_queued`).
 NOT_QUEUED = "Could not queue the ingestion"
 NOT_QUEUED_REASON = gettext_noop(
@@ -90,20 +93,33 @@ def ingest_document(self: Task[[int], TaskResult], document_id: int) -> TaskResu
     return {"document_id": document_id, "status": document.status, "error": document.error}
 
 
-@shared_task(name="retrieval.index_collection", ignore_result=True)
-def index_collection(collection_id: int) -> None:
+@shared_task(
+    bind=True,
+    name="retrieval.index_collection",
+    ignore_result=True,
+    max_retries=INDEX_RETRIES,
+    default_retry_delay=INDEX_RETRY_DELAY_S,
+)
+def index_collection(self: Task[[int], None], collection_id: int) -> None:
     """Give the collection an HNSW index of its own if it has grown past
     `collection_indexes.OWN_INDEX_ROWS` chunks (pgvector; see `retrieval.collection_indexes`).
 
-    NOTE: never raises: searches work without the index (through the whole table's), and the
-    next ingestion or `manage.py index_collections` tries again.
+    NOTE: while another process builds, a worker does not wait (a build takes minutes, and
+    every ingestion queues this task): it tries again later, freeing its slot. In process (no
+    broker) it waits. Failures are logged, not raised: searches work without the index
+    (through the whole table's), and the next ingestion or `manage.py index_collections` tries
+    again.
     """
     try:
-        done = update_collection_indexes([collection_id])
+        done = update_collection_indexes([collection_id], wait=bool(self.request.is_eager))
     except Exception:
         logger.exception("could not update collection %s's own vector index", collection_id)
         return
-    if done.built or done.dropped:
+    if done is None:
+        if self.request.retries < INDEX_RETRIES:
+            raise self.retry()
+        logger.warning("collection %s's index check gave up: another build ran", collection_id)
+    elif done.built or done.dropped:
         logger.info("collection indexes: built for %s, dropped for %s", done.built, done.dropped)
 
 

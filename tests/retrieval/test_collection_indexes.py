@@ -4,7 +4,9 @@ bundled PostgreSQL with pgvector: built concurrently, so outside a test transact
 from __future__ import annotations
 
 import numpy as np
+import psycopg
 import pytest
+from celery.exceptions import Retry
 from django.core.management import call_command
 from django.db import connection, transaction
 
@@ -16,6 +18,15 @@ from retrieval.tasks import index_collection, ingest_document
 from tests.documents import HANDBOOK, add_document
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture(autouse=True)
+def no_collection_indexes(pgvector_retriever, transactional_db) -> None:
+    """Each test starts without collection indexes: an earlier test's outlive its collections
+    (emptying the tables between tests drops no index)."""
+    with connection.cursor() as cursor:
+        for collection_id in pgvector_retriever.vectors.collections_with_own_index(cursor):
+            cursor.execute(f"DROP INDEX {index_name(collection_id)}")
 
 
 def collections_of_sizes(
@@ -181,6 +192,23 @@ def test_the_task_after_an_ingestion_builds_the_index_and_the_command_reports_it
     call_command("index_collections", "--min-rows", "100")
     assert f"built: [{second.pk}]" in capsys.readouterr().out
     assert own_indexes(store) == {first.pk, second.pk}
+
+
+def test_a_worker_finding_another_build_under_way_tries_again_later_instead_of_waiting(
+    pgvector_retriever, pgvector_database, monkeypatch
+) -> None:
+    store = pgvector_retriever.vectors
+    (large,), _, _ = collections_of_sizes(store, np.random.default_rng(7), [150])
+    monkeypatch.setattr(collection_indexes, "OWN_INDEX_ROWS", 100)
+    url = pgvector_database.url(connection.settings_dict["NAME"])  # NOTE: locks are per database
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SELECT pg_advisory_lock(%s)", [collection_indexes.BUILD_LOCK_KEY])
+        assert update_collection_indexes([large.pk], wait=False) is None
+        with pytest.raises(Retry):
+            index_collection(large.pk)  # NOTE: called as a worker runs it, not eagerly
+        assert own_indexes(store) == set()
+    index_collection(large.pk)  # NOTE: the other build is over
+    assert own_indexes(store) == {large.pk}
 
 
 def test_building_inside_a_transaction_is_refused(pgvector_retriever) -> None:

@@ -32,6 +32,7 @@ class Command(BaseCommand):
         if options["min_rows"] < 1:
             raise CommandError("--min-rows must be positive")
         done = update_collection_indexes(
-            options["collection_ids"] or None, min_rows=options["min_rows"]
+            options["collection_ids"] or None, min_rows=options["min_rows"], wait=True
         )
+        assert done is not None  # NOTE: waited for the lock
         self.stdout.write(f"built: {done.built or 'none'}; dropped: {done.dropped or 'none'}")
