@@ -9,6 +9,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+import retrieval.collection_indexes as collection_indexes
 import retrieval.search as search_module
 from retrieval.index import VectorIndex
 from retrieval.ingest import ingest
@@ -16,7 +17,8 @@ from retrieval.models import Chunk, Collection
 from retrieval.pgvector_store import PgVectorStore
 from tests.documents import HANDBOOK, KITCHEN, add_document
 
-pytestmark = pytest.mark.django_db
+# NOTE: transactional: the import ends by building collection indexes, concurrently
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
@@ -32,8 +34,9 @@ def run(*args: str) -> str:
 
 
 def test_the_faiss_vectors_are_carried_into_postgresql_without_re_embedding(
-    faiss_retriever, settings
+    faiss_retriever, settings, monkeypatch
 ) -> None:
+    monkeypatch.setattr(collection_indexes, "OWN_INDEX_ROWS", 1)
     collection = Collection.objects.create(name="ops")
     ingest(add_document(collection, "handbook.md", HANDBOOK).pk, faiss_retriever)
     ingest(add_document(collection, "kitchen.txt", KITCHEN).pk, faiss_retriever)
@@ -45,6 +48,7 @@ def test_the_faiss_vectors_are_carried_into_postgresql_without_re_embedding(
     out = run()
     assert f"imported {len(chunk_ids)} vectors of {faiss.embedding_model}" in out
     assert "1 left out" in out and "0 ready chunks still without a vector" in out
+    assert f"collections given an HNSW index of their own: [{collection.pk}]" in out
     store = PgVectorStore(faiss.dimension, faiss.embedding_model)
     assert store.ids() == chunk_ids
     ids, vectors = faiss.items()

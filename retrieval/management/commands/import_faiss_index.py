@@ -8,6 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from retrieval.collection_indexes import update_collection_indexes
 from retrieval.embeddings import get_embedder
 from retrieval.faiss_import import import_faiss_index
 from retrieval.search import index_path
@@ -55,3 +56,7 @@ class Command(BaseCommand):
             f"{report.still_missing} ready chunks still without a vector (the next start "
             "embeds them)"
         )
+        # NOTE: imported vectors skip ingestion's check, so large collections get theirs here
+        built = update_collection_indexes(wait=True)
+        if built is not None and built.built:
+            self.stdout.write(f"collections given an HNSW index of their own: {built.built}")
