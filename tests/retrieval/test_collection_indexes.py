@@ -3,12 +3,14 @@ bundled PostgreSQL with pgvector: built concurrently, so outside a test transact
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import psycopg
 import pytest
 from celery.exceptions import Retry
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 
 import retrieval.collection_indexes as collection_indexes
 from retrieval.collection_indexes import index_name, update_collection_indexes
@@ -209,6 +211,30 @@ def test_a_worker_finding_another_build_under_way_tries_again_later_instead_of_w
         assert own_indexes(store) == set()
     index_collection(large.pk)  # NOTE: the other build is over
     assert own_indexes(store) == {large.pk}
+
+
+def test_searches_answer_while_a_collection_index_is_being_built(pgvector_retriever) -> None:
+    store = pgvector_retriever.vectors
+    (large, _), ids, vectors = collections_of_sizes(store, np.random.default_rng(8), [1500, 1500])
+    passes = []
+
+    def build() -> None:
+        try:
+            passes.append(update_collection_indexes([large.pk], min_rows=1000))
+        finally:
+            connections.close_all()  # NOTE: this thread's own connection
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    searched = 0
+    while builder.is_alive() or searched < 5:
+        q = searched % 1500
+        found = store.search(vectors[0][q], 10, collection_ids=[large.pk])
+        assert len(found) == 10 and found[0][0] == ids[0][q]
+        searched += 1
+    builder.join()
+    assert passes[0].built == [large.pk] and own_indexes(store) == {large.pk}
+    assert store.search(vectors[0][7], 1, collection_ids=[large.pk])[0][0] == ids[0][7]
 
 
 def test_building_inside_a_transaction_is_refused(pgvector_retriever) -> None:
