@@ -33,6 +33,7 @@ from retrieval.pgvector_store import (
     COLUMN,
     EXACT_ROWS,
     TABLE,
+    collection_indexes,
 )
 
 logger = logging.getLogger(__name__)
@@ -79,7 +80,7 @@ def update_collection_indexes(
     with _build_lock(alias, wait) as cursor:
         if cursor is None:
             return None
-        indexes = _collection_indexes(cursor)
+        indexes = {c: index.valid for c, index in collection_indexes(cursor).items()}
         cursor.execute("SELECT id FROM retrieval_collection")
         existing = {row[0] for row in cursor.fetchall()}
         wanted = existing if collection_ids is None else existing & set(collection_ids)
@@ -116,22 +117,6 @@ def _build_lock(alias: str, wait: bool) -> Iterator[Any]:
             yield cursor
         finally:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [BUILD_LOCK_KEY])
-
-
-def _collection_indexes(cursor: Any) -> dict[int, bool]:
-    """Each collection's own index: whether it is valid (False: a failed concurrent build's)."""
-    cursor.execute(
-        "SELECT c.relname, i.indisvalid AND i.indisready FROM pg_index i "
-        "JOIN pg_class c ON c.oid = i.indexrelid "
-        "WHERE i.indrelid = %s::regclass AND starts_with(c.relname, %s)",
-        [TABLE, COLLECTION_INDEX_PREFIX],
-    )
-    found = {}
-    for name, valid in cursor.fetchall():
-        suffix = name[len(COLLECTION_INDEX_PREFIX) :]
-        if suffix.isdigit():
-            found[int(suffix)] = bool(valid)
-    return found
 
 
 def _count_rows(cursor: Any, collection_id: int, stop_at: int) -> int:

@@ -35,7 +35,7 @@ import logging
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from django.db import InterfaceError, OperationalError, connections, transaction
@@ -90,6 +90,29 @@ OVERFETCH = 4
 EXACT_ROWS = 50_000
 WRITE_BATCH = 1000
 _VECTOR_TYPE = re.compile(r"^vector\((\d+)\)$")
+
+
+class CollectionIndex(NamedTuple):
+    """A collection's own HNSW index, as the catalog shows it."""
+
+    valid: bool  # False: being built concurrently, or left so by a build that failed
+    rows: float  # as PostgreSQL last counted them (the build, then VACUUM / ANALYZE)
+
+
+def collection_indexes(cursor: Any) -> dict[int, CollectionIndex]:
+    """Every collection's own HNSW index (`retrieval.collection_indexes`), by collection id."""
+    cursor.execute(
+        "SELECT c.relname, i.indisvalid AND i.indisready, greatest(c.reltuples, 0) "
+        "FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+        "WHERE i.indrelid = %s::regclass AND starts_with(c.relname, %s)",
+        [TABLE, COLLECTION_INDEX_PREFIX],
+    )
+    found = {}
+    for name, valid, rows in cursor.fetchall():
+        suffix = name[len(COLLECTION_INDEX_PREFIX) :]
+        if suffix.isdigit():
+            found[int(suffix)] = CollectionIndex(bool(valid), float(rows))
+    return found
 
 
 def vector_literal(vector: np.ndarray) -> str:
@@ -378,19 +401,7 @@ class PgVectorStore:
         """The collections whose own HNSW index is built and valid (one being built
         concurrently, or left invalid by a failed build, is not), with the rows it held when
         last counted (PostgreSQL's statistics: the build's count, then ANALYZE's)."""
-        cursor.execute(
-            "SELECT c.relname, greatest(c.reltuples, 0) FROM pg_index i "
-            "JOIN pg_class c ON c.oid = i.indexrelid "
-            "WHERE i.indrelid = %s::regclass AND i.indisvalid AND i.indisready "
-            "AND starts_with(c.relname, %s)",
-            [TABLE, COLLECTION_INDEX_PREFIX],
-        )
-        found = {}
-        for name, rows in cursor.fetchall():
-            suffix = name[len(COLLECTION_INDEX_PREFIX) :]
-            if suffix.isdigit():
-                found[int(suffix)] = float(rows)
-        return found
+        return {c: index.rows for c, index in collection_indexes(cursor).items() if index.valid}
 
     @staticmethod
     def _table_rows(cursor: Any) -> float:
