@@ -211,8 +211,8 @@ def used_indexes(store: Any, query: np.ndarray, collection_ids: list[int] | None
     found = []
     with transaction.atomic(), connection.cursor() as cursor:
         store.configure_search(cursor, TOP)
-        for sql, params in store.search_queries(cursor, query, TOP, collection_ids):
-            cursor.execute(f"EXPLAIN {sql}", params)
+        for search in store.search_queries(cursor, query, TOP, collection_ids):
+            cursor.execute(f"EXPLAIN {search.sql}", search.params)
             for (line,) in cursor.fetchall():
                 found += [word for word in line.split() if word.startswith(INDEX)]
     return found
@@ -240,7 +240,7 @@ def run_bench(
     num_collections: int,
     num_queries: int,
     chunks_per_document: int = 100,
-    ef_searches: tuple[int, ...] = (100,),
+    ef_searches: tuple[int, ...] | None = None,
     plans: tuple[str, ...] = ("planner",),
     exact_rows: int | None = None,
     own_index_rows: int | None = None,
@@ -253,10 +253,11 @@ def run_bench(
 
     from retrieval.collection_indexes import OWN_INDEX_ROWS, update_collection_indexes
     from retrieval.models import Chunk
-    from retrieval.pgvector_store import EXACT_ROWS, PgVectorStore
+    from retrieval.pgvector_store import EF_SEARCH, EXACT_ROWS, PgVectorStore
     from retrieval.vector_store import VectorStore
     from retrieval.vector_store_choice import choose_vector_store, make_vector_store
 
+    ef_searches = ef_searches or (EF_SEARCH,)
     rng = np.random.default_rng(0)
     choice = choose_vector_store(store_name)  # NOTE: refuses pgvector where it cannot run
     store: VectorStore = make_vector_store(
@@ -403,9 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--ef-search",
-        default="100",
-        help="pgvector's hnsw.ef_search; comma-separated values are measured one after the "
-        "other on the one index (plans keyed `plan/efN`)",
+        default="",
+        help="pgvector's hnsw.ef_search (default: the store's EF_SEARCH); comma-separated "
+        "values are measured one after the other on the one index (plans keyed `plan/efN`)",
     )
     parser.add_argument("--m", type=int, default=16, help="pgvector HNSW build: m")
     parser.add_argument(
@@ -442,10 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     if not plans or set(plans) - {"planner", "hnsw"}:
         parser.error("--plans takes planner, hnsw or both")
     try:
-        ef_searches = tuple(int(value) for value in args.ef_search.split(","))
+        ef_searches = tuple(int(value) for value in args.ef_search.split(",") if value)
     except ValueError:
         parser.error("--ef-search takes integers, comma-separated")
-    if min(ef_searches) < 1:
+    if ef_searches and min(ef_searches) < 1:
         parser.error("--ef-search values must be positive")
     if min(args.chunks, args.collections, args.queries, args.chunks_per_document) < 1:
         parser.error("--chunks, --collections, --queries, --chunks-per-document must be positive")

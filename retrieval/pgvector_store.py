@@ -79,8 +79,10 @@ SCHEMA_LOCK_KEY = 0x43414348  # "CACH"
 # HNSW's candidate list per search (pgvector's default is 40): at least the rows asked of the
 # index scan, as one scan step cannot return more than this. Measured at 1,000,000 chunks
 # (bench.vector_store, README "Vector stores"): recall@10 0.889 at 100 (some queries found none
-# of their 10), 0.958 at 200, 0.967 at 400, 0.975 at 1000; p50 17 -> 32 -> 39 -> 66 ms.
-EF_SEARCH = 200
+# of their 10), 0.933-0.969 at 200 over three index builds, 0.962-0.967 at 400, 0.975 at 1000;
+# p50 17 -> 25-32 -> 34-41 -> 66 ms. One collection of 100,000 through its own index: 0.933-0.935
+# at 200, 0.964 at 400 (47 ms), 0.979 at 800 (79 ms).
+EF_SEARCH = 400
 # Rows taken from the index scan per row returned (see `search_query`).
 OVERFETCH = 4
 # A filter admitting at most this many chunks is searched exactly, not through the index (see
@@ -90,6 +92,14 @@ OVERFETCH = 4
 EXACT_ROWS = 50_000
 WRITE_BATCH = 1000
 _VECTOR_TYPE = re.compile(r"^vector\((\d+)\)$")
+
+
+class SearchQuery(NamedTuple):
+    """One query of a search, and the `hnsw.ef_search` it runs with (None: as configured)."""
+
+    sql: str
+    params: list[Any]
+    ef_search: int | None = None
 
 
 class CollectionIndex(NamedTuple):
@@ -358,8 +368,12 @@ class PgVectorStore:
             with transaction.atomic(using=self.alias), connection.cursor() as cursor:
                 self.configure_search(cursor, limit)
                 rows = []
-                for sql, params in self.search_queries(cursor, query, limit, collection_ids):
-                    cursor.execute(sql, params)
+                for search in self.search_queries(cursor, query, limit, collection_ids):
+                    if search.ef_search is not None:
+                        cursor.execute(
+                            "SELECT set_config('hnsw.ef_search', %s, true)", [str(search.ef_search)]
+                        )
+                    cursor.execute(search.sql, search.params)
                     rows += cursor.fetchall()
         except (OperationalError, InterfaceError) as error:
             if not connection.in_atomic_block:
@@ -373,10 +387,15 @@ class PgVectorStore:
 
     def search_queries(
         self, cursor: Any, query: np.ndarray, limit: int, collection_ids: list[int] | None
-    ) -> list[tuple[str, list[Any]]]:
+    ) -> list[SearchQuery]:
         """The search's queries: one per collection of `collection_ids` that has an HNSW index
         of its own (`retrieval.collection_indexes`), one for the rest, read exactly where they
         are few (`reads_exactly`), else through the whole table's index.
+
+        NOTE: the collections' own graphs share the search's `ef_search` between them (each
+        at least the rows it fetches): merging several graphs' candidates already finds more.
+        At 1,000,000 chunks in 10 collections (bench.vector_store, README "Vector stores"),
+        three collections at 200 each took 76 ms with recall@10 0.987, at 400 each 134 ms.
 
         NOTE: collections with their own index that hold half the table's rows or more (as
         PostgreSQL last counted) are searched through the whole table's index instead, as one:
@@ -384,16 +403,23 @@ class PgVectorStore:
         less than several.
         """
         if collection_ids is None:
-            return [self.search_query(query, limit, None)]
+            return [SearchQuery(*self.search_query(query, limit, None))]
         indexed = self.collections_with_own_index(cursor) if self.use_collection_indexes else {}
         own = {c: rows for c, rows in indexed.items() if c in set(collection_ids)}
         if own and 2 * sum(own.values()) >= self._table_rows(cursor) > 0:
             own = {}
-        queries = [self.search_query(query, limit, [c], own_index=True) for c in sorted(own)]
+        shared = max(OVERFETCH * limit, self.ef_search // max(len(own), 1))
+        queries = [
+            SearchQuery(*self.search_query(query, limit, [c], own_index=True), ef_search=shared)
+            for c in sorted(own)
+        ]
         rest = [c for c in collection_ids if c not in own]
         if rest:
             exact = self.reads_exactly(cursor, rest)
-            queries.append(self.search_query(query, limit, rest, exact=exact))
+            ef_search = self.configured_ef_search(limit) if queries else None
+            queries.append(
+                SearchQuery(*self.search_query(query, limit, rest, exact=exact), ef_search)
+            )
         return queries
 
     @staticmethod
@@ -423,8 +449,13 @@ class PgVectorStore:
             "SELECT set_config('hnsw.ef_search', %s, true), "
             "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
             "set_config('enable_seqscan', 'off', true)",
-            [str(max(self.ef_search, OVERFETCH * limit))],
+            [str(self.configured_ef_search(limit))],
         )
+
+    def configured_ef_search(self, limit: int) -> int:
+        """`hnsw.ef_search` for one graph search of `limit` rows: one scan step returns at most
+        that many candidates, so at least the rows fetched."""
+        return max(self.ef_search, OVERFETCH * limit)
 
     def reads_exactly(self, cursor: Any, collection_ids: list[int] | None) -> bool:
         """Whether the collections' chunks are few enough (`exact_rows`) to score them all.

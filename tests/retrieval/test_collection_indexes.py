@@ -15,7 +15,7 @@ from django.db import connection, connections, transaction
 import retrieval.collection_indexes as collection_indexes
 from retrieval.collection_indexes import index_name, update_collection_indexes
 from retrieval.models import Chunk, Collection, Document
-from retrieval.pgvector_store import INDEX, PgVectorStore
+from retrieval.pgvector_store import EF_SEARCH, INDEX, PgVectorStore
 from retrieval.tasks import index_collection, ingest_document
 from tests.documents import HANDBOOK, add_document
 
@@ -76,8 +76,8 @@ def plan_of(store: PgVectorStore, query: np.ndarray, collection_ids: list[int]) 
         cursor.execute("SET LOCAL enable_sort = off")
         store.configure_search(cursor, 10)
         lines = []
-        for sql, params in store.search_queries(cursor, query, 10, collection_ids):
-            cursor.execute(f"EXPLAIN {sql}", params)
+        for search in store.search_queries(cursor, query, 10, collection_ids):
+            cursor.execute(f"EXPLAIN {search.sql}", search.params)
             lines += [row[0] for row in cursor.fetchall()]
     return "\n".join(lines)
 
@@ -147,6 +147,28 @@ def test_a_large_collection_gets_its_own_index_and_a_search_of_it_scans_that_ind
     pool = np.concatenate([vectors[0], vectors[2]])
     assert [i for i, _ in found] == pool_ids[np.argsort(-(pool @ query))[:10]].tolist()
     assert [s for _, s in found] == sorted((s for _, s in found), reverse=True)
+
+
+def test_collections_searched_through_their_own_indexes_share_the_candidate_list(
+    pgvector_retriever,
+) -> None:
+    store = pgvector_retriever.vectors
+    rng = np.random.default_rng(9)
+    collections, ids, vectors = collections_of_sizes(store, rng, [200] * 5)
+    first, second = collections[0].pk, collections[1].pk
+    update_collection_indexes(min_rows=100)
+    query = vectors[1][11]
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE retrieval_chunk")
+        one = store.search_queries(cursor, query, 10, [first])
+        two = store.search_queries(cursor, query, 10, [first, second])  # 400 of 1,000 rows
+        fifty = store.search_queries(cursor, query, 50, [first, second])
+    assert [q.ef_search for q in one] == [EF_SEARCH]
+    assert [q.ef_search for q in two] == [EF_SEARCH // 2] * 2
+    assert [q.ef_search for q in fifty] == [max(EF_SEARCH // 2, 4 * 50)] * 2  # rows fetched
+    found = [i for i, _ in store.search(query, 10, collection_ids=[first, second])]
+    pool_ids, pool = np.concatenate(ids[:2]), np.concatenate(vectors[:2])
+    assert found == pool_ids[np.argsort(-(pool @ query))[:10]].tolist()
 
 
 def test_a_failed_build_is_skipped_by_searches_and_built_again_by_the_next_pass(
