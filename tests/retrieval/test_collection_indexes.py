@@ -4,6 +4,7 @@ bundled PostgreSQL with pgvector: built concurrently, so outside a test transact
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import psycopg
@@ -23,9 +24,13 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
-def no_collection_indexes(pgvector_retriever, transactional_db) -> None:
+def no_collection_indexes(pgvector_retriever, transactional_db) -> Iterator[None]:
     """Each test starts without collection indexes: an earlier test's outlive its collections
     (emptying the tables between tests drops no index)."""
+    with connection.cursor() as cursor:
+        for collection_id in pgvector_retriever.vectors.collections_with_own_index(cursor):
+            cursor.execute(f"DROP INDEX {index_name(collection_id)}")
+    yield
     with connection.cursor() as cursor:
         for collection_id in pgvector_retriever.vectors.collections_with_own_index(cursor):
             cursor.execute(f"DROP INDEX {index_name(collection_id)}")
