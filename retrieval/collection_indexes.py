@@ -34,11 +34,12 @@ from retrieval.pgvector_store import (
     EXACT_ROWS,
     TABLE,
     collection_indexes,
+    count_chunks,
 )
 
 logger = logging.getLogger(__name__)
 
-# A collection with more chunks (with vectors) than this gets its own index: past it the store
+# A collection with more chunks (of ready documents) than this gets its own index: past it the store
 # would search the collection through the whole table's graph (`EXACT_ROWS`).
 OWN_INDEX_ROWS = EXACT_ROWS
 # Any constant the processes share: pg_advisory_lock's key for building collection indexes.
@@ -88,7 +89,7 @@ def update_collection_indexes(
             _drop(cursor, collection_id)
             done.dropped.append(collection_id)
         for collection_id in sorted(wanted):
-            rows = _count_rows(cursor, collection_id, min_rows + 1)
+            rows = count_chunks(cursor, [collection_id], min_rows + 1)
             valid = indexes.get(collection_id)
             if rows > min_rows and not valid:
                 if valid is not None:  # NOTE: left invalid by a build that failed
@@ -117,18 +118,6 @@ def _build_lock(alias: str, wait: bool) -> Iterator[Any]:
             yield cursor
         finally:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [BUILD_LOCK_KEY])
-
-
-def _count_rows(cursor: Any, collection_id: int, stop_at: int) -> int:
-    """The collection's chunks with a vector, counted up to `stop_at` (through the documents'
-    and the chunks' document indexes, as the store's exact read goes)."""
-    cursor.execute(
-        f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} c "
-        "JOIN retrieval_document d ON d.id = c.document_id "
-        f"WHERE d.collection_id = %s AND c.{COLUMN} IS NOT NULL LIMIT %s) AS counted",
-        [collection_id, stop_at],
-    )
-    return int(cursor.fetchone()[0])
 
 
 def _build(cursor: Any, collection_id: int, rows: int) -> None:

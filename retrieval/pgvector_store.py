@@ -95,11 +95,11 @@ _VECTOR_TYPE = re.compile(r"^vector\((\d+)\)$")
 
 
 class SearchQuery(NamedTuple):
-    """One query of a search, and the `hnsw.ef_search` it runs with (None: as configured)."""
+    """One query of a search, and the `hnsw.ef_search` it runs with."""
 
     sql: str
     params: list[Any]
-    ef_search: int | None = None
+    ef_search: int
 
 
 class CollectionIndex(NamedTuple):
@@ -123,6 +123,19 @@ def collection_indexes(cursor: Any) -> dict[int, CollectionIndex]:
         if suffix.isdigit():
             found[int(suffix)] = CollectionIndex(bool(valid), float(rows))
     return found
+
+
+def count_chunks(cursor: Any, collection_ids: list[int], stop_at: int) -> int:
+    """The chunks of the collections' ready documents, counted up to `stop_at`, through the
+    documents' and the chunks' document indexes (a ready document's chunks have their vectors:
+    both are written in one transaction)."""
+    cursor.execute(
+        f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} c "
+        "JOIN retrieval_document d ON d.id = c.document_id "
+        "WHERE d.status = 'ready' AND d.collection_id = ANY(%s) LIMIT %s) AS counted",
+        [[int(c) for c in collection_ids], stop_at],
+    )
+    return int(cursor.fetchone()[0])
 
 
 def vector_literal(vector: np.ndarray) -> str:
@@ -367,11 +380,13 @@ class PgVectorStore:
         try:
             with transaction.atomic(using=self.alias), connection.cursor() as cursor:
                 self.configure_search(cursor, limit)
+                ef_search = self.configured_ef_search(limit)
                 rows = []
                 for search in self.search_queries(cursor, query, limit, collection_ids):
-                    if search.ef_search is not None:
+                    if search.ef_search != ef_search:
+                        ef_search = search.ef_search
                         cursor.execute(
-                            "SELECT set_config('hnsw.ef_search', %s, true)", [str(search.ef_search)]
+                            "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
                         )
                     cursor.execute(search.sql, search.params)
                     rows += cursor.fetchall()
@@ -402,8 +417,9 @@ class PgVectorStore:
         a filter that admits most rows costs a graph search little recall, and one query costs
         less than several.
         """
+        configured = self.configured_ef_search(limit)
         if collection_ids is None:
-            return [SearchQuery(*self.search_query(query, limit, None))]
+            return [SearchQuery(*self.search_query(query, limit, None), configured)]
         indexed = self.collections_with_own_index(cursor) if self.use_collection_indexes else {}
         own = {c: rows for c, rows in indexed.items() if c in set(collection_ids)}
         if own and 2 * sum(own.values()) >= self._table_rows(cursor) > 0:
@@ -416,9 +432,8 @@ class PgVectorStore:
         rest = [c for c in collection_ids if c not in own]
         if rest:
             exact = self.reads_exactly(cursor, rest)
-            ef_search = self.configured_ef_search(limit) if queries else None
             queries.append(
-                SearchQuery(*self.search_query(query, limit, rest, exact=exact), ef_search)
+                SearchQuery(*self.search_query(query, limit, rest, exact=exact), configured)
             )
         return queries
 
@@ -470,13 +485,7 @@ class PgVectorStore:
         """
         if collection_ids is None or self.exact_rows <= 0:
             return False
-        cursor.execute(
-            f"SELECT count(*) FROM (SELECT 1 FROM {TABLE} c "
-            "JOIN retrieval_document d ON d.id = c.document_id "
-            "WHERE d.status = 'ready' AND d.collection_id = ANY(%s) LIMIT %s) AS few",
-            [[int(c) for c in collection_ids], self.exact_rows + 1],
-        )
-        return int(cursor.fetchone()[0]) <= self.exact_rows
+        return count_chunks(cursor, collection_ids, self.exact_rows + 1) <= self.exact_rows
 
     def search_query(
         self,

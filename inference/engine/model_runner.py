@@ -378,7 +378,9 @@ class ModelRunner:
         kernel makes them, else kept (a byte a weight), but not under "auto": memory that was
         not asked for. ("int8" | "quantized", the bytes kept.)"""
         per_step = [layer for layer in layers if layer.makes_int8_codes_natively]
-        kept_layers = [] if is_auto else [layer for layer in layers if layer not in per_step]
+        kept_layers = [layer for layer in layers if not layer.makes_int8_codes_natively]
+        if is_auto:
+            kept_layers = []
         if not per_step and not kept_layers:
             return "quantized", 0
         for layer in per_step:
