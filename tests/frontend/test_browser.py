@@ -108,7 +108,8 @@ def watch_for_errors(context, errors: list[str]) -> None:
 
 @pytest.fixture
 def log_in(browser, server):
-    """`log_in(username, password, **context_options)`: a page on the chat, in a new context.
+    """`log_in(username, password, **context_options)`: a page on the chat, in a new context,
+    once its socket is open.
 
     The browser asks for US English unless `locale` says otherwise (Playwright's Chromium would
     send its own default). With `on_login_page(page)`, that is called on the login page first.
@@ -129,7 +130,10 @@ def log_in(browser, server):
         page.fill("#id_password", password)
         page.click(".login-form button[type=submit]")
         page.wait_for_url(f"{server.url}/")
-        page.wait_for_selector("#connection-status", state="attached")
+        # NOTE: the composer sends nothing until the socket is open (a question typed before
+        # stays in the box), so a test that asks at once must wait for it; a busy CI machine
+        # opened it after the first Enter.
+        page.wait_for_selector('#connection-status[data-state="open"]', state="attached")
         return page
 
     yield log_in_as
