@@ -204,9 +204,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="the bundled model, 96 tokens")
     args = parser.parse_args(argv)
     if args.smoke:
-        # NOTE: above the token limit of the codes made per step (64)
+        # NOTE: above the token limit of the codes made per step (64), and so are the
+        # perplexity's chunks (256 + 80 tokens): both int8 settings multiply the same codes
         args.model, args.tokens, args.rounds = args.model or BUNDLED_CHAT_MODEL, 96, 1
-        args.perplexity_tokens = 300
+        args.perplexity_tokens = 336
     if args.tokens < 8 or args.rounds < 1 or args.perplexity_tokens < 2:
         parser.error("--tokens must be at least 8, --rounds 1 and --perplexity-tokens 2")
     models_dir = args.models_dir or default_models_dir()

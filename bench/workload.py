@@ -51,9 +51,11 @@ def text_of_tokens(tokenizer, num_tokens: int, seed: int) -> str:
 
 
 def build_prompts(
-    tokenizer, workload: Workload, num_prompts: int, first_seed: int
+    tokenizer, workload: Workload, num_prompts: int, first_seed: int, *, system_seed: int = 0
 ) -> list[list[int]]:
-    system = text_of_tokens(tokenizer, workload.system_tokens, seed=0)
+    """Chat prompts of one system prompt (the same for every call with `system_seed`) and a
+    user turn each, seeded from `first_seed` on."""
+    system = text_of_tokens(tokenizer, workload.system_tokens, seed=system_seed)
     prompts = []
     for index in range(num_prompts):
         user = text_of_tokens(tokenizer, workload.user_tokens, seed=first_seed + index)

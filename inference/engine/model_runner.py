@@ -18,7 +18,7 @@ from torch import nn
 from inference.engine import kernels
 from inference.engine.config import ConfigError, EngineConfig
 from inference.engine.core.reusable_spans import BlendRun
-from inference.engine.kernels import int4_linear, paged_decode_attention
+from inference.engine.kernels import int4_linear, paged_decode_attention, paged_prefill_attention
 from inference.engine.kernels.decode_layers import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.layers.attention import build_attention_metadata
@@ -208,6 +208,20 @@ class ModelRunner:
             "decode attention: %s",
             "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
         )
+        # Prefill chunks' attention from the paged cache (bf16 on AVX-512 BF16 CPUs without
+        # AMX, where PyTorch's flash attention runs at a third of the GEMM rate).
+        self.uses_prefill_kernel = (
+            native_kernels
+            and not spec.is_quantized
+            and paged_prefill_attention.is_supported(
+                dtype, device, args.num_heads, args.num_kv_heads, args.head_dim
+            )
+            and paged_prefill_attention.is_preferred()
+        )
+        logger.info(
+            "prefill attention: %s",
+            "native paged kernel" if self.uses_prefill_kernel else "PyTorch gather + SDPA",
+        )
         if self.uses_decode_kernel and config.fused_decode:
             fused = FusedDecode.build(self.model, self.kv_cache.layers, config.block_size)
             if fused is not None and self.prefill_weights == "dense":
@@ -249,6 +263,7 @@ class ModelRunner:
                 num_kv_heads=self.model.args.num_kv_heads,
                 device=self.device,
                 decode_kernel=self.uses_decode_kernel,
+                prefill_kernel=self.uses_prefill_kernel,
                 cascade=not is_fused_step,
                 sliding_windows=self.model.args.distinct_sliding_windows,
                 query_positions=[e.positions for e in ordered],
@@ -445,6 +460,7 @@ class ModelRunner:
                 num_kv_heads=model.args.num_kv_heads,
                 device=self.device,
                 decode_kernel=self.uses_decode_kernel,
+                prefill_kernel=self.uses_prefill_kernel,
                 query_positions=[positions],
             )
             model.run_first_layers(

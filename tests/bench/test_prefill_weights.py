@@ -27,11 +27,13 @@ def test_the_smoke_run_times_every_weight_form_on_both_steps_and_scores_it(
     # int8 codes take a byte a weight, dense copies two (bf16) or four (float32)
     assert 0 < report["copy_gib"]["int8-kept"] < report["copy_gib"]["dense"]
     assert len(report["speedup"]) == 6
-    assert report["perplexity_tokens"] == 300
+    assert report["perplexity_tokens"] == 336
     perplexity = report["perplexity"]
     # the dense copy holds the dequantized weight exactly; int8 codes round it
     assert perplexity["dense"] == pytest.approx(perplexity["quantized"], rel=0.01)
     assert perplexity["int8"] == pytest.approx(perplexity["quantized"], rel=0.05)
-    # the same codes where both run the integer GEMM (a 44-token chunk: only the kept ones)
-    assert perplexity["int8"] == pytest.approx(perplexity["int8-kept"], rel=0.01)
+    # the same codes, made per step or kept, through the same integer GEMM: every chunk (256
+    # and 80 tokens) is above both settings' kernel limits (64 and 8). (With 300 tokens the
+    # last chunk, 44, ran the int4 kernel under one and the GEMM under the other: 0.2-1.2%.)
+    assert perplexity["int8"] == perplexity["int8-kept"]
     assert "| scattered |" in format_table(report)

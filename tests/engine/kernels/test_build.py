@@ -183,6 +183,7 @@ def test_a_runner_configured_without_native_kernels_builds_none_and_runs_pytorch
     runner.execute([BatchEntry([7], 37, [0, 1, 2])])
     assert not fresh_cache.exists()  # nothing was built (or loaded)
     assert not runner.uses_decode_kernel and runner.model.fused_decode is None
+    assert not runner.uses_prefill_kernel
     modules = list(runner.model.modules())
     assert not any(isinstance(module, AmxLinear) for module in modules)
     assert not any(getattr(module, "is_native", False) for module in modules)  # int4 layers

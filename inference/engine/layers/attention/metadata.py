@@ -49,6 +49,11 @@ class PrefillSpan:
     mask: torch.Tensor | None
     # `mask` as an additive mask in the model dtype (built by the first layer that needs it)
     additive_mask: torch.Tensor | None = None
+    # For the native prefill kernel (build_attention_metadata's `prefill_kernel`), which reads
+    # the context from the cache itself: the sequence's blocks (int32) and its query tokens'
+    # positions (int32, ascending); gather_index and mask are then None and unused.
+    block_table: torch.Tensor | None = None
+    query_positions: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -98,6 +103,7 @@ def build_attention_metadata(
     cascade: bool = True,
     sliding_windows: Iterable[int] = (),
     query_positions: list[list[int] | None] | None = None,
+    prefill_kernel: bool = False,
 ) -> AttentionMetadata:
     """Index tensors for one step. Sequences with one query token must come first.
 
@@ -112,6 +118,8 @@ def build_attention_metadata(
     they are not the run after its computed tokens (a blended prefill: its other positions hold
     keys/values already); each query attends every position up to its own. Not with sliding
     windows.
+    `prefill_kernel`: the multi-token sequences will be attended by the native prefill kernel
+    (the caller checked `paged_prefill_attention.is_supported`), except in sliding-window views.
     """
     num_seqs = len(query_lens)
     num_decodes = 0
@@ -184,7 +192,7 @@ def build_attention_metadata(
         decode_gather_index=None,
         max_decode_context_len=0,
         decode_mask=None,
-        prefills=_prefill_spans(layout, None),
+        prefills=_prefill_spans(layout, None, for_kernel=prefill_kernel),
     )
     if num_decodes:
         _add_decode_part(metadata, layout, None, decode_kernel=decode_kernel, cascade=cascade)
@@ -279,14 +287,26 @@ def _add_decode_part(
         metadata.decode_mask = mask.view(num_decodes, 1, 1, -1).to(layout.device)
 
 
-def _prefill_spans(layout: _StepLayout, window: int | None) -> list[PrefillSpan]:
+def _prefill_spans(
+    layout: _StepLayout, window: int | None, *, for_kernel: bool = False
+) -> list[PrefillSpan]:
     """One span per multi-token sequence; with a `window`, each reads (and its mask admits)
-    only the positions inside its queries' windows."""
+    only the positions inside its queries' windows. `for_kernel` (no window): the spans carry
+    what the native prefill kernel reads instead of gather indices and masks."""
     spans = []
     block_size, heads = layout.block_size, layout.heads
     for i in range(layout.num_decodes, len(layout.query_lens)):
         computed_i, query_i = layout.num_computed_tokens[i], layout.query_lens[i]
         explicit = layout.explicit_positions[i]
+        if for_kernel and window is None:
+            positions = (
+                torch.arange(computed_i, computed_i + query_i) if explicit is None else explicit
+            )
+            span = PrefillSpan(layout.query_starts[i], query_i, int(positions[-1]) + 1, None, None)
+            span.block_table = layout.table[i, : layout.num_blocks[i]].to(torch.int32)
+            span.query_positions = positions.to(torch.int32)
+            spans.append(span)
+            continue
         if explicit is not None:
             # NOTE: the queries are scattered over the context, whose other positions the cache
             # holds: every block is read and each query sees the keys up to its position.

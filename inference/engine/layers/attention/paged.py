@@ -16,7 +16,8 @@ With the indices of metadata.py:
   overhead in every layer); in cascade, the shared blocks are attended once by all decodes'
   queries and merged with each decode's own part by their log-sum-exp;
 - each multi-token sequence (a prefill chunk) runs its own SDPA call, causal inside the chunk and
-  offset by the tokens already cached.
+  offset by the tokens already cached; or, where the metadata was built for it, the native
+  prefill kernel reads its context from the cache (kernels/paged_prefill_attention.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.engine.kernels import paged_decode_attention as paged_decode_kernel
+from inference.engine.kernels import paged_prefill_attention as paged_prefill_kernel
 from inference.engine.kv_cache import dequantize_kv, quantize_kv
 from inference.engine.layers.attention.metadata import AttentionMetadata
 
@@ -82,6 +84,19 @@ def paged_attention(
         )
     for span in metadata.prefills:
         start, end = span.query_start, span.query_start + span.num_query_tokens
+        if span.block_table is not None and span.query_positions is not None:
+            if kv_scales:
+                raise ValueError("the native prefill kernel reads bf16 caches, not int8 ones")
+            paged_prefill_kernel.paged_prefill_attention(
+                q[start:end],
+                k_cache,
+                v_cache,
+                span.block_table,
+                span.query_positions,
+                scale,
+                out[start:end],
+            )
+            continue
         if span.gather_index is None:
             keys = k[start:end].transpose(0, 1)
             values = v[start:end].transpose(0, 1)
