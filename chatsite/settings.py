@@ -14,7 +14,12 @@ from django.core.exceptions import ImproperlyConfigured
 
 from chatsite import env
 from inference import catalogue, model_files
-from inference.engine import CHUNK_KV_SELECTIONS, PREFILL_WEIGHTS, resolve_device
+from inference.engine import (
+    CHUNK_KV_SELECTIONS,
+    PREFILL_ATTENTION,
+    PREFILL_WEIGHTS,
+    resolve_device,
+)
 from inference.engine import ConfigError as EngineConfigError
 from inference.engine_settings import engine_default
 
@@ -117,6 +122,14 @@ try:
         "CACHET_PREFILL_WEIGHTS",
         default=engine_default("prefill_weights"),
         choices=PREFILL_WEIGHTS,
+    )
+    # Prefill chunks' attention: "native" (the paged kernel), "pytorch" (gather + flash
+    # attention), "auto": native on CPUs with AVX-512 BF16 and no AMX (model_runner.py).
+    CACHET_PREFILL_ATTENTION = env.read_choice(
+        os.environ,
+        "CACHET_PREFILL_ATTENTION",
+        default=engine_default("prefill_attention"),
+        choices=PREFILL_ATTENTION,
     )
     # The engine's device: "cpu" (default), "cuda" / "cuda:N", or "auto" (cuda where PyTorch
     # sees one). Checked here, so a missing GPU stops the start with the reason.

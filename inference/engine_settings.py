@@ -31,6 +31,7 @@ PROCESS_SETTINGS: dict[str, str] = {
     "chunk_kv_recompute_tokens": "CACHET_CHUNK_KV_RECOMPUTE_TOKENS",
     "chunk_kv_selection": "CACHET_CHUNK_KV_SELECTION",
     "prefill_weights": "CACHET_PREFILL_WEIGHTS",
+    "prefill_attention": "CACHET_PREFILL_ATTENTION",
     "device": "CACHET_DEVICE",
 }
 

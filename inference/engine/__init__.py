@@ -9,6 +9,7 @@ and `kernels/` the native CPU kernels, one module per C source.
 from inference.engine.config import (
     CHUNK_KV_SELECTIONS,
     MAX_SPECULATIVE_TOKENS,
+    PREFILL_ATTENTION,
     PREFILL_WEIGHTS,
     ConfigError,
     EngineConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "CHUNK_KV_SELECTIONS",
     "DEFAULT_INT4_GROUP_SIZE",
     "MAX_SPECULATIVE_TOKENS",
+    "PREFILL_ATTENTION",
     "PREFILL_WEIGHTS",
     "SUPPORTED_MODEL_TYPES",
     "BatchEntry",

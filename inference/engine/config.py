@@ -148,6 +148,12 @@ class EngineConfig:
     # with AMX (bf16) where the copy fits, int8 on other CPUs with VNNI for models at least
     # 1,024 wide (model_runner.INT8_CODES_MIN_HIDDEN_SIZE), else quantized.
     prefill_weights: str = "auto"
+    # Prefill chunks' attention (model_runner.py): "native" reads each chunk's context where the
+    # paged cache holds it, with the native kernel (kernels/paged_prefill_attention.py: bf16 on
+    # CPUs with AVX-512 BF16; elsewhere PyTorch's path, with a log line); "pytorch" gathers the
+    # context for PyTorch's flash attention; "auto" is native where the kernel runs and the CPU
+    # has no AMX (PyTorch's kernel multiplies on AMX tiles there).
+    prefill_attention: str = "auto"
 
     def __post_init__(self) -> None:
         self.model_dir = Path(self.model_dir)
@@ -180,6 +186,11 @@ class EngineConfig:
             raise ConfigError(
                 f"prefill_weights must be one of {list(PREFILL_WEIGHTS)}, "
                 f"got {self.prefill_weights!r}"
+            )
+        if self.prefill_attention not in PREFILL_ATTENTION:
+            raise ConfigError(
+                f"prefill_attention must be one of {list(PREFILL_ATTENTION)}, "
+                f"got {self.prefill_attention!r}"
             )
         for name in ("enable_prefix_caching", "native_kernels", "fused_decode", "chunk_kv_reuse"):
             _check_bool(name, getattr(self, name))
@@ -289,6 +300,7 @@ def _check_bool(name: str, value: object) -> None:
 
 
 PREFILL_WEIGHTS = ("auto", "dense", "int8", "quantized")
+PREFILL_ATTENTION = ("auto", "native", "pytorch")
 CHUNK_KV_SELECTIONS = ("deviation", "leading")
 
 

@@ -208,15 +208,13 @@ class ModelRunner:
             "decode attention: %s",
             "native paged kernel" if self.uses_decode_kernel else "PyTorch gather + SDPA",
         )
-        # Prefill chunks' attention from the paged cache (bf16 on AVX-512 BF16 CPUs without
-        # AMX, where PyTorch's flash attention runs at a third of the GEMM rate).
-        self.uses_prefill_kernel = (
-            native_kernels
+        self.uses_prefill_kernel = self._uses_prefill_kernel(
+            config.prefill_attention,
+            can_run=native_kernels
             and not spec.is_quantized
             and paged_prefill_attention.is_supported(
                 dtype, device, args.num_heads, args.num_kv_heads, args.head_dim
-            )
-            and paged_prefill_attention.is_preferred()
+            ),
         )
         logger.info(
             "prefill attention: %s",
@@ -337,6 +335,20 @@ class ModelRunner:
                 )
             if min(entry.block_table) < 0 or max(entry.block_table) > max_block_id:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
+
+    @staticmethod
+    def _uses_prefill_kernel(setting: str, *, can_run: bool) -> bool:
+        """Whether prefill chunks attend through the native kernel (`prefill_attention`):
+        "auto" where it runs and beats PyTorch's flash attention (AVX-512 BF16 without AMX,
+        where PyTorch's runs at a third of the GEMM rate), "native" wherever it runs."""
+        if setting == "pytorch":
+            return False
+        if setting == "native" and not can_run:
+            logger.warning(
+                "prefill_attention 'native': the kernel does not serve this model here (it needs "
+                "bf16, an unquantized KV cache and a CPU with AVX-512 BF16); PyTorch's path runs"
+            )
+        return can_run and (setting == "native" or paged_prefill_attention.is_preferred())
 
     def _keep_prefill_weights(self, setting: str) -> tuple[str, int]:
         """Copies of the quantized layers' weights for prefill-sized steps, as

@@ -117,6 +117,10 @@ def test_redis_url_switches_the_channel_layer_and_celery_to_redis(tmp_path: Path
             "CACHET_FUSED_DECODE: expected one of 1/0, true/false, yes/no, on/off; got '2'",
         ),
         (
+            {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_PREFILL_ATTENTION": "flash"},
+            "CACHET_PREFILL_ATTENTION: expected auto, native or pytorch",
+        ),
+        (
             {"CACHET_SECRET_KEY": GOOD_KEY, "CACHET_KV_CACHE_MB": "0"},
             "CACHET_KV_CACHE_MB: must be at least 1; got 0",
         ),

@@ -48,6 +48,7 @@ def test_torch_dtypes_are_accepted():
         ),
         ({"speculative_max_num_seqs": 0}, "speculative_max_num_seqs must be >= 1"),
         ({"speculative_method": "eagle"}, "speculative_method 'eagle' is not supported"),
+        ({"prefill_attention": "flash"}, r"prefill_attention must be one of \['auto', 'native'"),
         ({"speculative_method": "draft"}, "speculative_method 'draft' needs draft_model_dir"),
         ({"draft_model_dir": "small"}, "draft_model_dir is only used with speculative_method"),
         (

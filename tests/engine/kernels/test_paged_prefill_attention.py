@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -185,6 +186,30 @@ def test_a_mixed_step_through_the_kernel_matches_the_gather_path():
         assert all(span.block_table is None for span in metadata.windowed[32].prefills)
         outputs.append(paged_attention(q, k, v, k_cache, v_cache, metadata, scale=0.125))
     assert close_in_bf16(outputs[0], outputs[1])
+
+
+# --- the engine's setting -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [("auto", paged_prefill_kernel.is_preferred()), ("native", True), ("pytorch", False)],
+)
+def test_the_prefill_attention_setting_picks_the_runners_path(tiny_model_dir, setting, expected):
+    from inference.engine import EngineConfig, ModelRunner
+
+    config = EngineConfig(
+        tiny_model_dir("qwen3"),
+        dtype=torch.bfloat16,
+        kv_cache_mb=1,
+        max_model_len=64,
+        prefill_attention=setting,
+    )
+    runner = ModelRunner(config)
+    assert runner.uses_prefill_kernel == expected
+    # int8 KV caches are not the kernel's: PyTorch's path whatever the setting
+    int8_cache = ModelRunner(dataclasses.replace(config, kv_cache_dtype="int8"))
+    assert not int8_cache.uses_prefill_kernel
 
 
 # --- the real model ------------------------------------------------------------------------
