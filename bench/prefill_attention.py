@@ -12,7 +12,9 @@ attends the keys up to its position).
 Prompts (with `--model`): the engine on that model, its runner switched between the two paths
 in one process on the same workload as bench.engine (a fixed ~1,000-token system prompt, a new
 ~250-token user turn): cold TTFT (nothing cached) and warm TTFT (the system prompt cached), each
-the median of `--repeats` requests with fresh prompts.
+the median of `--repeats` requests with fresh prompts. Then `--streams` such requests at once
+(64 output tokens each), the fused decode attending their shared system prompt apart (the
+shared-prefix kernel, cascade) or each whole context: output tok/s and the mean decode step.
 
     python -m bench.prefill_attention                          # layers only
     python -m bench.prefill_attention --model smollm2-135m-instruct --json
@@ -25,6 +27,7 @@ import argparse
 import contextlib
 import statistics
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -126,7 +129,7 @@ def measure_layers(shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float) 
     return rows
 
 
-def measure_prompts(model: str, models_dir: Path, repeats: int) -> dict:
+def measure_prompts(model: str, models_dir: Path, repeats: int, streams: int) -> dict:
     """Cold and warm TTFT of the engine on `model`, each way, in this process."""
     from bench.workload import Seeds, Workload, build_prompts
     from inference.engine import Engine, EngineConfig, SamplingParams
@@ -174,12 +177,52 @@ def measure_prompts(model: str, models_dir: Path, repeats: int) -> dict:
                 results[f"{way}_warm_ttft_s"] / results[f"{way}_cold_ttft_s"], 3
             )
         runner.uses_prefill_kernel = True
+        results.update(measure_shared_prefix_decodes(engine, workload, seeds, streams))
+    return results
+
+
+def measure_shared_prefix_decodes(engine, workload, seeds, streams: int) -> dict:
+    """`streams` requests of one system prompt at once, the fused decode's cascade on and off:
+    output tok/s and the mean seconds of a decode step of them all."""
+    from bench.workload import build_prompts
+    from inference.engine import SamplingParams
+
+    fused = engine.core.runner.model.fused_decode
+    if fused is None or not fused.cascades:
+        return {}
+    step_seconds: list[float] = []
+    call = type(fused).__call__
+
+    def timed_call(self, x, cos, sin, metadata):
+        started = time.perf_counter()
+        output = call(self, x, cos, sin, metadata)
+        if x.shape[0] == streams:
+            step_seconds.append(time.perf_counter() - started)
+        return output
+
+    results: dict = {"streams": streams}
+    outputs = SamplingParams(temperature=0, max_tokens=workload.output_tokens, ignore_eos=True)
+    type(fused).__call__ = timed_call
+    try:
+        for way in ("cascade", "whole"):
+            fused.cascades = way == "cascade"
+            step_seconds.clear()
+            prompts = build_prompts(engine.tokenizer, workload, streams, seeds.take(streams))
+            started = time.perf_counter()
+            done = engine.generate(prompts, outputs)
+            seconds = time.perf_counter() - started
+            tokens = sum(output.usage.completion_tokens for output in done)
+            results[f"{way}_tok_s"] = rounded(tokens / seconds, 2)
+            results[f"{way}_decode_step_s"] = rounded(statistics.fmean(step_seconds))
+    finally:
+        type(fused).__call__ = call
+        fused.cascades = True
     return results
 
 
 def run_benchmark(
     *, shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float, model: str | None,
-    models_dir: Path, repeats: int,
+    models_dir: Path, repeats: int, streams: int = 32,
 ) -> dict:  # fmt: skip
     from inference.engine.kernels import isa_level, paged_prefill_attention
 
@@ -196,7 +239,7 @@ def run_benchmark(
         "results": measure_layers(shapes, chunks, min_seconds),
     }
     if model is not None:
-        report["prompts"] = measure_prompts(model, models_dir, repeats)
+        report["prompts"] = measure_prompts(model, models_dir, repeats, streams)
     return report
 
 
@@ -227,6 +270,13 @@ def format_table(report: dict) -> str:
             ("warm_over_cold", "warm / cold"),
         ):
             lines.append(f"| {label} | {prompts[f'kernel_{key}']} | {prompts[f'pytorch_{key}']} |")
+        if "cascade_tok_s" in prompts:
+            heading = f"{prompts['streams']} streams of one system prompt, the fused decode:"
+            lines += ["", heading, "", "| | shared prefix apart | whole contexts |"]
+            lines.append("|---|---:|---:|")
+            for key, label in (("tok_s", "output tok/s"), ("decode_step_s", "decode step s")):
+                apart, whole = prompts[f"cascade_{key}"], prompts[f"whole_{key}"]
+                lines.append(f"| {label} | {apart} | {whole} |")
     return "\n".join(lines)
 
 
@@ -239,6 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="also time whole prompts on this catalogue model")
     parser.add_argument("--models-dir", type=Path, default=Path("var/models"))
     parser.add_argument("--repeats", type=int, default=3, help="requests per TTFT median")
+    parser.add_argument("--streams", type=int, default=32, help="requests at once (decodes)")
     args = parser.parse_args(argv)
 
     def run() -> dict:
@@ -249,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
             model=args.model,
             models_dir=args.models_dir,
             repeats=args.repeats,
+            streams=args.streams,
         )
 
     return run_cli(run, as_json=args.json, format_report=format_table)

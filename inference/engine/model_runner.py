@@ -222,6 +222,12 @@ class ModelRunner:
         )
         if self.uses_decode_kernel and config.fused_decode:
             fused = FusedDecode.build(self.model, self.kv_cache.layers, config.block_size)
+            if fused is not None:
+                # NOTE: a shared prefix attended once by the decodes' query rows together runs
+                # as a prefill-like product (the prefill kernel's), 2-4x the decode kernel's
+                # rate on it (Zen 4: 32 decodes at 1,300 tokens, 1,008 shared: a layer 1.09
+                # -> 0.79 ms for SmolLM2's heads, 2.80 -> 1.64 ms for the 1.5B's).
+                fused.cascades = self.uses_prefill_kernel
             if fused is not None and self.prefill_weights == "dense":
                 # NOTE: decodes of more sequences than the quantized kernels' limit run on the
                 # dense copies, layer by layer (packed bf16 on a 2-vCPU AMX Xeon, 1,264-token
@@ -246,13 +252,16 @@ class ModelRunner:
 
         with torch.inference_mode():
             query_lens = [len(e.token_ids) for e in ordered]
-            # NOTE: a pure decode step on the fused path attends each context whole: with the
-            # layers' Python gone that beats the cascade over a shared prefix (measured, 28
-            # decodes: 320 shared + 600 own tokens 65 -> 51 ms a step; 1,008 + 256, 52 -> 51).
+            # NOTE: a pure decode step on the fused path attends each context whole unless the
+            # fused call `cascades` (the shared-prefix kernel): with the layers' Python gone,
+            # whole contexts beat the cascade through PyTorch's attention (measured on an AMX
+            # Xeon, 28 decodes: 320 shared + 600 own tokens 65 -> 51 ms a step; 1,008 + 256,
+            # 52 -> 51).
             fused = self.model.fused_decode
             is_fused_step = (
                 fused is not None and max(query_lens) == 1 and fused.takes(len(query_lens))
             )
+            cascade = not is_fused_step or (fused is not None and fused.cascades)
             metadata = build_attention_metadata(
                 query_lens,
                 [e.num_computed_tokens for e in ordered],
@@ -262,7 +271,7 @@ class ModelRunner:
                 device=self.device,
                 decode_kernel=self.uses_decode_kernel,
                 prefill_kernel=self.uses_prefill_kernel,
-                cascade=not is_fused_step,
+                cascade=cascade,
                 sliding_windows=self.model.args.distinct_sliding_windows,
                 query_positions=[e.positions for e in ordered],
             )

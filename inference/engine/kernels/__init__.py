@@ -151,6 +151,7 @@ KERNELS = {
             "rms_norm.c",
             "rotary_store.c",
             "paged_decode_attention.c",
+            "paged_prefill_attention.c",
             "int4_linear.c",
             "int8_linear.c",
             "silu_and_mul.c",

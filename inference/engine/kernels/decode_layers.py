@@ -89,7 +89,7 @@ _pointer, _size = ctypes.c_void_p, ctypes.c_int64
 _kernel = KernelFunction(
     "decode_layers",
     "decode_layers",
-    [_pointer] * 8 + [_size, _pointer, _size, _size, _size, ctypes.c_int],
+    [_pointer] * 8 + [_size, _pointer, _pointer, _size, _size, _size, _size, ctypes.c_int],
 )
 
 
@@ -238,6 +238,10 @@ class FusedDecode:
         )
         self._layers = (_Layer * len(layers))(*layers)
         self._num_kv_heads = args.num_kv_heads
+        # Whether decodes sharing leading blocks attend them once, together (cascade), through
+        # the native shared-prefix kernel (kernels/paged_prefill_attention.py): set by the
+        # runner where that kernel serves its prefill attention.
+        self.cascades = False
         # Decode steps of more tokens run layer by layer: set where the layers keep dense
         # weights whose GEMM beats the fused call's quantized matmuls from that many tokens on.
         self.max_tokens: int | None = None
@@ -266,14 +270,18 @@ class FusedDecode:
         self, metadata: AttentionMetadata, kv_caches: list[LayerKVCache], num_tokens: int
     ) -> bool:
         """Whether this step is one the fused call runs: single-token decodes only (at most
-        `max_tokens` of them), on the caches it was built for, attended without a shared-prefix
-        cascade."""
+        `max_tokens` of them), on the caches it was built for, attended in one part or, where it
+        `cascades`, with the shared prefix's blocks apart."""
+        has_shared_prefix = metadata.decode_shared_gather_index is not None
         return (
             kv_caches is self.kv_caches
             and self.takes(num_tokens)
             and metadata.decode_block_table is not None
             and metadata.num_decode_tokens == num_tokens
-            and metadata.decode_shared_gather_index is None
+            and (
+                not has_shared_prefix
+                or (self.cascades and metadata.decode_shared_block_table is not None)
+            )
             and not metadata.prefills
         )
 
@@ -288,6 +296,9 @@ class FusedDecode:
         block_table, context_lens = metadata.decode_block_table, metadata.decode_context_lens
         if block_table is None or context_lens is None:
             raise ValueError("the fused decode runs decode steps of the native kernel's metadata")
+        shared_table = metadata.decode_shared_block_table
+        if shared_table is not None and not self.cascades:
+            raise ValueError("this fused decode does not attend a shared prefix apart")
         num_threads = torch.get_num_threads()
         blocks_per_part, num_parts = paged_decode_kernel.context_partitions(
             num_tokens, self._num_kv_heads, block_table.shape[1], num_threads
@@ -303,6 +314,8 @@ class FusedDecode:
             block_table.data_ptr(),
             block_table.shape[1],
             context_lens.data_ptr(),
+            None if shared_table is None else shared_table.data_ptr(),
+            0 if shared_table is None else shared_table.numel() * self._model.block_size,
             num_tokens,
             blocks_per_part * self._model.block_size,
             num_parts,

@@ -49,7 +49,29 @@ _ARGTYPES = [
     ctypes.c_int,  # num_threads
 ]
 
+_SHARED_PREFIX_ARGTYPES = [
+    ctypes.c_void_p,  # q
+    ctypes.c_int64,  # q_stride
+    ctypes.c_void_p,  # k_cache
+    ctypes.c_void_p,  # v_cache
+    ctypes.c_void_p,  # shared_block_table
+    ctypes.c_int64,  # num_shared_tokens
+    ctypes.c_int64,  # num_seqs
+    ctypes.c_int64,  # num_kv_heads
+    ctypes.c_int64,  # group
+    ctypes.c_int64,  # head_dim
+    ctypes.c_int64,  # block_size
+    ctypes.c_float,  # scale
+    ctypes.c_int64,  # seqs_per_item
+    ctypes.c_void_p,  # out (float32)
+    ctypes.c_void_p,  # lse (float32)
+    ctypes.c_int,  # num_threads
+]
+
 _kernel = KernelFunction("paged_prefill_attention", "paged_prefill_attention", _ARGTYPES)
+_shared_prefix_kernel = KernelFunction(
+    "paged_prefill_attention", "paged_shared_prefix_attention", _SHARED_PREFIX_ARGTYPES
+)
 _is_built = KernelFunction("paged_prefill_attention", "paged_prefill_attention_is_built", [])
 
 
@@ -133,3 +155,55 @@ def paged_prefill_attention(
             f"shape not supported by the kernel: group {group}, head_dim {head_dim}, "
             f"block_size {block_size}"
         )
+
+
+# Decodes per work item of a shared prefix: few enough that a step's decodes make several items
+# per thread, enough that each group of keys transposed serves a few rows blocks.
+SEQS_PER_ITEM = 16
+
+
+def paged_shared_prefix_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    shared_block_table: torch.Tensor,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every decode's query heads over the whole shared prefix `shared_block_table` (full
+    blocks), once for all decodes (cascade attention): float32 out [num_seqs, num_heads,
+    head_dim] and the log-sum-exp of the scaled scores [num_seqs, num_heads], to merge with
+    each decode's own part. q [num_seqs, num_heads, head_dim] bf16, each token's heads
+    contiguous."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
+    if q.stride(2) != 1 or q.stride(1) != head_dim:
+        raise ValueError("q's heads must be contiguous within each token")
+    if shared_block_table.dtype != torch.int32:
+        raise ValueError("shared_block_table must be int32")
+    kernel = require(_shared_prefix_kernel(k_cache.dtype), "paged_shared_prefix_attention")
+    table = shared_block_table.contiguous()
+    out = torch.empty(num_seqs, num_heads, head_dim, dtype=torch.float32)
+    lse = torch.empty(num_seqs, num_heads, dtype=torch.float32)
+    status = kernel(
+        q.data_ptr(),
+        q.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        table.data_ptr(),
+        table.numel() * block_size,
+        num_seqs,
+        num_kv_heads,
+        num_heads // num_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        SEQS_PER_ITEM,
+        out.data_ptr(),
+        lse.data_ptr(),
+        torch.get_num_threads(),
+    )
+    if status == -2:
+        raise MemoryError("paged_shared_prefix_attention: no memory for the work buffers")
+    if status != 0:
+        raise ValueError(f"shape not supported by the kernel: head_dim {head_dim}")
+    return out, lse

@@ -29,6 +29,9 @@ class FusedLayers(Protocol):
     NOTE: a protocol, so the model does not import the kernel that imports the model.
     """
 
+    # whether decodes sharing leading blocks attend them apart, once for all (cascade)
+    cascades: bool
+
     def takes(self, num_decodes: int) -> bool: ...
 
     def applies_to(

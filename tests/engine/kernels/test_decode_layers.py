@@ -109,7 +109,9 @@ def test_fused_steps_give_the_layer_by_layer_logits_bit_for_bit(fused_runner, le
         assert torch.equal(actual, expected)
 
 
-def test_steps_with_a_prefill_or_a_shared_prefix_take_the_layer_by_layer_path(fused_runner):
+def test_steps_with_a_prefill_take_the_layer_by_layer_path_and_a_shared_prefix_unless_it_cascades(
+    fused_runner,
+):
     fused = fused_runner.model.fused_decode
     caches = fused_runner.kv_cache.layers
 
@@ -126,7 +128,10 @@ def test_steps_with_a_prefill_or_a_shared_prefix_take_the_layer_by_layer_path(fu
     context = len(shared) * 16 + 20
     shared_prefix = metadata([1, 1], [context] * 2, [[*shared, 90, 91], [*shared, 92, 93]])
     assert shared_prefix.decode_shared_gather_index is not None
-    assert not fused.applies_to(shared_prefix, caches, 2)
+    # the shared-prefix kernel serves it where the runner's prefill attention is native
+    assert fused.cascades == fused_runner.uses_prefill_kernel
+    assert (shared_prefix.decode_shared_block_table is not None) == fused.cascades
+    assert fused.applies_to(shared_prefix, caches, 2) == fused.cascades
     assert not fused.applies_to(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
 
 
@@ -173,6 +178,60 @@ def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_run
         fused_runner.model.fused_decode = saved
     assert torch.equal(fused.argmax(-1), cascade.argmax(-1))
     assert (fused - cascade).abs().max() < 0.05 * cascade.abs().max()
+
+
+def test_a_fused_step_attending_a_shared_prefix_apart_agrees_with_the_layer_path(fused_runner):
+    # 4 decodes over one 768-token prefix (a RAG system prompt) and their own tokens, 4 steps:
+    # the fused call with the shared-prefix kernel (cascade) against the layer-by-layer path
+    # (which attends the shared part through PyTorch's flash attention).
+    fused = fused_runner.model.fused_decode
+    if not fused.cascades:
+        pytest.skip("the shared-prefix kernel does not run here (AVX-512 BF16, no AMX)")
+    generator = torch.Generator().manual_seed(6)
+    shared = torch.randint(100, 20_000, (768,), generator=generator).tolist()
+    shared_blocks = list(range(48))
+    fused_runner.execute([BatchEntry(shared[:512], 0, shared_blocks)])
+    fused_runner.execute([BatchEntry(shared[512:], 512, shared_blocks)])
+    sequences = []
+    for index in range(4):
+        own = torch.randint(100, 20_000, (20 + 13 * index,), generator=generator).tolist()
+        table = [*shared_blocks, *range(48 + 4 * index, 52 + 4 * index)]
+        fused_runner.execute([BatchEntry(own, 768, table)])
+        sequences.append((shared + own, table))
+    step_metadata = build_attention_metadata(
+        [1] * 4,
+        [len(tokens) for tokens, _ in sequences],
+        [table for _, table in sequences],
+        block_size=16,
+        num_kv_heads=fused_runner.model.args.num_kv_heads,
+        decode_kernel=True,
+    )
+    assert step_metadata.decode_shared_block_table.tolist() == shared_blocks
+    assert fused.applies_to(step_metadata, fused_runner.kv_cache.layers, 4)  # the cascade runs
+    # teacher-forced: both ways decode the same tokens, so each step compares like with like
+    forced = torch.randint(100, 20_000, (4, len(sequences)), generator=generator).tolist()
+    logits = {}
+    saved = fused_runner.model.fused_decode
+    for way in ("fused", "layers"):
+        fused_runner.model.fused_decode = saved if way == "fused" else None
+        try:
+            logits[way] = torch.stack(
+                [
+                    fused_runner.execute(
+                        [
+                            BatchEntry([token], len(tokens) + step, table)
+                            for token, (tokens, table) in zip(step_ids, sequences, strict=True)
+                        ]
+                    )
+                    for step, step_ids in enumerate(forced)
+                ]
+            )
+        finally:
+            fused_runner.model.fused_decode = saved
+    fused_logits, layer_logits = logits["fused"], logits["layers"]
+    # bf16 rounding moves logits by ~0.1; random tokens make near-ties, so a top-1 may flip
+    assert (fused_logits - layer_logits).abs().max() < 0.05 * layer_logits.abs().max()
+    assert (fused_logits.argmax(-1) == layer_logits.argmax(-1)).float().mean() >= 0.75
 
 
 def test_the_engine_config_can_turn_the_fused_path_off(chat_model_dir):

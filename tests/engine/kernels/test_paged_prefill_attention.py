@@ -120,6 +120,24 @@ def test_a_tokens_attention_is_the_same_whatever_chunk_it_is_computed_in():
     assert torch.equal(whole, torch.cat(pieces))
 
 
+@pytest.mark.parametrize(("num_heads", "num_kv_heads", "head_dim"), [(9, 3, 64), (12, 2, 128)])
+def test_a_shared_prefix_is_attended_once_for_every_decode_with_its_log_sum_exp(
+    num_heads, num_kv_heads, head_dim
+):
+    # Cascade decoding: 20 decodes' query heads over 96 shared tokens (6 full blocks).
+    q, k_cache, v_cache, table = paged_inputs(
+        num_heads, num_kv_heads, head_dim, 96, 20, seed=head_dim
+    )
+    out, lse = paged_prefill_kernel.paged_shared_prefix_attention(q, k_cache, v_cache, table, 0.125)
+    assert out.dtype == lse.dtype == torch.float32 and lse.shape == (20, num_heads)
+    last = torch.full((20,), 95)  # every decode sees every shared position
+    assert close_in_bf16(out, reference(q, k_cache, v_cache, table, last, 0.125))
+    keys = k_cache[table.long()].transpose(0, 1).reshape(num_kv_heads, -1, head_dim).double()
+    keys = keys.repeat_interleave(num_heads // num_kv_heads, 0)
+    scores = torch.einsum("thd,hcd->thc", q.double(), keys) * 0.125
+    torch.testing.assert_close(lse.double(), scores.logsumexp(-1), rtol=0, atol=2e-3)
+
+
 def test_bad_arguments_are_refused_before_the_kernel_reads_anything():
     q, k_cache, v_cache, table = paged_inputs(9, 3, 64, 40, 8, seed=3)
     positions = torch.arange(32, 40, dtype=torch.int32)

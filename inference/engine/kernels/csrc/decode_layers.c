@@ -21,6 +21,7 @@
  *   hidden, residual = norm2(x, residual); x = down_proj(silu(gate) * up)
  * The caller applies the final norm to (x, residual).
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,18 +82,41 @@ static int linear(const linear_desc *layer, const act_t *x, act_t *out, int64_t 
     return 0;
 }
 
+/* Decodes per work item of the shared prefix (paged_prefill_attention.py: SEQS_PER_ITEM). */
+#define SHARED_PREFIX_SEQS_PER_ITEM 16
+
+/* out = the softmax-weighted merge of two attentions over disjoint keys, each normalised over
+ * its own: out [rows, head_dim] and lse [rows] hold the first (and receive the result), other /
+ * other_lse the second. */
+static void merge_attention(float *out, const float *lse, const float *other,
+                            const float *other_lse, int64_t rows, int64_t head_dim) {
+    for (int64_t r = 0; r < rows; ++r) {
+        const float top = lse[r] > other_lse[r] ? lse[r] : other_lse[r];
+        const float w = expf(lse[r] - top), w_other = expf(other_lse[r] - top);
+        const float inverse = 1.0f / (w + w_other);
+        float *o = out + r * head_dim;
+        const float *p = other + r * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) o[d] = (o[d] * w + p[d] * w_other) * inverse;
+    }
+}
+
 /*
  * x:            [m, hidden]: the embeddings in, the last layer's MLP output out
  * residual:     [m, hidden], written: the residual stream before that output is added
  * cos, sin:     [m, head_dim] (RotaryEmbedding); write_index: [m * num_kv_heads] int64
  * block_tables: [m, table_stride] int32; context_lens: [m] int32 (this token included)
+ * shared_block_table, num_shared_tokens: with num_shared_tokens > 0 (cascade; AVX-512 BF16
+ *   builds only), every decode's context starts with these full blocks, attended once for all
+ *   decodes (paged_shared_prefix_attention) and merged by log-sum-exp with each decode's own
+ *   part, which block_tables / context_lens then describe; else NULL and 0
  * tokens_per_part, num_parts: the attention's context partitions (paged_decode_attention.py)
  * Returns 0, or the first failing kernel's status (negative), or -100 without memory.
  */
 int decode_layers(const model_desc *model, const layer_desc *layers, act_t *x, act_t *residual,
                   const act_t *cos, const act_t *sin, const int64_t *write_index,
                   const int32_t *block_tables, int64_t table_stride, const int32_t *context_lens,
-                  int64_t m, int64_t tokens_per_part, int64_t num_parts, int num_threads) {
+                  const int32_t *shared_block_table, int64_t num_shared_tokens, int64_t m,
+                  int64_t tokens_per_part, int64_t num_parts, int num_threads) {
     const int64_t hidden = model->hidden, head_dim = model->head_dim;
     const int64_t q_size = model->num_heads * head_dim, kv_size = model->num_kv_heads * head_dim;
     const int64_t group = model->num_heads / model->num_kv_heads;
@@ -108,9 +132,13 @@ int decode_layers(const model_desc *model, const layer_desc *layers, act_t *x, a
     act_t *activation = malloc(sizeof(act_t) * m * model->intermediate);
     float *scratch =
         malloc(sizeof(float) * m * model->num_kv_heads * num_parts * group * (head_dim + 2));
+    /* cascade: the shared prefix's output and both parts' log-sum-exp */
+    const int64_t num_rows = m * model->num_heads;
+    float *shared = num_shared_tokens ? malloc(sizeof(float) * m * q_size) : NULL;
+    float *lse = num_shared_tokens ? malloc(sizeof(float) * 2 * num_rows) : NULL;
     int status = -100;
     if (!normed || !qkv || !q || !k || !attention || !attention_act || !gate_up ||
-        !activation || !scratch)
+        !activation || !scratch || (num_shared_tokens && (!shared || !lse)))
         goto done;
     memcpy(residual, x, sizeof(act_t) * m * hidden);
     for (int64_t l = 0; l < model->num_layers; ++l) {
@@ -127,8 +155,16 @@ int decode_layers(const model_desc *model, const layer_desc *layers, act_t *x, a
         status = paged_decode_attention(
             q, layer->k_cache, layer->v_cache, block_tables, table_stride, context_lens, m,
             model->num_kv_heads, group, head_dim, model->block_size, model->scale,
-            tokens_per_part, num_parts, attention, NULL, scratch, num_threads);
+            tokens_per_part, num_parts, attention, lse, scratch, num_threads);
         if (status) goto done;
+        if (num_shared_tokens) {
+            status = paged_shared_prefix_attention(
+                q, q_size, layer->k_cache, layer->v_cache, shared_block_table, num_shared_tokens,
+                m, model->num_kv_heads, group, head_dim, model->block_size, model->scale,
+                SHARED_PREFIX_SEQS_PER_ITEM, shared, lse + num_rows, num_threads);
+            if (status) goto done;
+            merge_attention(attention, lse, shared, lse + num_rows, num_rows, head_dim);
+        }
         to_act(attention, attention_act, m * q_size);
         if ((status = linear(&layer->o, attention_act, x, m, num_threads))) goto done;
         status = add_rms_norm(x, residual, layer->post_norm, normed, m, hidden, model->eps,
@@ -142,6 +178,6 @@ int decode_layers(const model_desc *model, const layer_desc *layers, act_t *x, a
     status = 0;
 done:
     free(normed), free(qkv), free(q), free(k), free(attention), free(attention_act);
-    free(gate_up), free(activation), free(scratch);
+    free(gate_up), free(activation), free(scratch), free(shared), free(lse);
     return status;
 }

@@ -103,13 +103,16 @@ static inline int64_t cache_row(const int32_t *block_table, int64_t position, in
 /*
  * One work item: query tokens [first_token, first_token + num_tokens) of the span, the `group`
  * query heads of KV head `kv_head`. q/out rows: token t, head h at (t * stride + h * head_dim).
+ * With `out_f32`, the rows are written there in float32 instead (same strides), and the
+ * log-sum-exp of each row's scaled scores to lse[t * num_kv_heads * group + h].
  * always_inline: called with constant head_dim, the loops over it unroll.
  */
 static inline __attribute__((always_inline)) void attend_item(
     const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, const uint16_t *v_cache,
     const int32_t *block_table, const int32_t *positions, int64_t first_token, int64_t num_tokens,
     int64_t kv_head, int64_t num_kv_heads, int64_t group, const int64_t head_dim,
-    int64_t block_size, float scale, uint16_t *out, int64_t out_stride, Scratch *s) {
+    int64_t block_size, float scale, uint16_t *out, float *out_f32, float *lse,
+    int64_t out_stride, Scratch *s) {
     const int64_t half = head_dim / 2;
     const int64_t num_rows = num_tokens * group;
     const int64_t padded_rows = round_up(num_rows, ROW_BLOCK);
@@ -280,6 +283,15 @@ static inline __attribute__((always_inline)) void attend_item(
                     ordered[c * 32 + 8 * lane_group + i] = acc[c * 32 + 4 * lane_group + i];
                     ordered[c * 32 + 8 * lane_group + 4 + i] = acc[c * 32 + 16 + 4 * lane_group + i];
                 }
+        if (out_f32) {
+            float *dst = out_f32 + token * out_stride + head * head_dim;
+            for (int64_t d = 0; d < head_dim; d += 16)
+                _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(ordered + d),
+                                                        _mm512_set1_ps(inverse)));
+            lse[token * num_kv_heads * group + head] =
+                s->running_max[r] + logf(s->running_sum[r]);
+            continue;
+        }
         uint16_t *dst = out + token * out_stride + head * head_dim;
         for (int64_t d = 0; d < head_dim; d += 16)
             _mm256_storeu_si256(
@@ -291,18 +303,18 @@ static inline __attribute__((always_inline)) void attend_item(
 
 typedef void (*attend_item_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *,
                                const int32_t *, const int32_t *, int64_t, int64_t, int64_t,
-                               int64_t, int64_t, int64_t, int64_t, float, uint16_t *, int64_t,
-                               Scratch *);
+                               int64_t, int64_t, int64_t, int64_t, float, uint16_t *, float *,
+                               float *, int64_t, Scratch *);
 
 #define ATTEND_ITEM_INSTANCE(NAME, HEAD_DIM)                                                    \
     static void NAME(const uint16_t *q, int64_t q_stride, const uint16_t *k, const uint16_t *v, \
                      const int32_t *table, const int32_t *positions, int64_t first,             \
                      int64_t count, int64_t kv_head, int64_t num_kv_heads, int64_t group,        \
                      int64_t head_dim, int64_t block_size, float scale, uint16_t *out,           \
-                     int64_t out_stride, Scratch *s) {                                          \
+                     float *out_f32, float *lse, int64_t out_stride, Scratch *s) {              \
         (void)head_dim;                                                                         \
         attend_item(q, q_stride, k, v, table, positions, first, count, kv_head, num_kv_heads,   \
-                    group, HEAD_DIM, block_size, scale, out, out_stride, s);                    \
+                    group, HEAD_DIM, block_size, scale, out, out_f32, lse, out_stride, s);      \
     }
 ATTEND_ITEM_INSTANCE(attend_item_64, 64)
 ATTEND_ITEM_INSTANCE(attend_item_128, 128)
@@ -311,31 +323,20 @@ static void attend_item_generic(const uint16_t *q, int64_t q_stride, const uint1
                                 const uint16_t *v, const int32_t *table, const int32_t *positions,
                                 int64_t first, int64_t count, int64_t kv_head, int64_t num_kv_heads,
                                 int64_t group, int64_t head_dim, int64_t block_size, float scale,
-                                uint16_t *out, int64_t out_stride, Scratch *s) {
+                                uint16_t *out, float *out_f32, float *lse, int64_t out_stride,
+                                Scratch *s) {
     attend_item(q, q_stride, k, v, table, positions, first, count, kv_head, num_kv_heads, group,
-                head_dim, block_size, scale, out, out_stride, s);
+                head_dim, block_size, scale, out, out_f32, lse, out_stride, s);
 }
 
-#endif
-
-/*
- * q:           [num_tokens, num_kv_heads * group, head_dim] bf16, token t at q + t * q_stride
- * k/v_cache:   [num_blocks, num_kv_heads, block_size, head_dim] bf16, the chunk's own keys and
- *              values already written
- * block_table: the sequence's blocks, covering positions [0, positions[num_tokens - 1]]
- * positions:   [num_tokens] int32, ascending: each query attends the keys at positions up to
- *              its own
- * out:         like q, token t at out + t * out_stride
- * tokens_per_item: query tokens per work item
- * Returns 0; -1 when the build or a size is not served (nothing written); -2 when out of memory.
- */
-int paged_prefill_attention(const act_t *q, int64_t q_stride, const act_t *k_cache,
-                            const act_t *v_cache, const int32_t *block_table,
-                            const int32_t *positions, int64_t num_tokens, int64_t num_kv_heads,
-                            int64_t group, int64_t head_dim, int64_t block_size, float scale,
-                            int64_t tokens_per_item, act_t *out, int64_t out_stride,
-                            int num_threads) {
-#if PREFILL_DPBF16
+/* The work items of one call, over the OpenMP threads: bf16 rows into `out`, or float32 rows
+ * and their log-sum-exp into `out_f32` / `lse`. */
+static int attend_items(const act_t *q, int64_t q_stride, const act_t *k_cache,
+                        const act_t *v_cache, const int32_t *block_table,
+                        const int32_t *positions, int64_t num_tokens, int64_t num_kv_heads,
+                        int64_t group, int64_t head_dim, int64_t block_size, float scale,
+                        int64_t tokens_per_item, act_t *out, float *out_f32, float *lse,
+                        int64_t out_stride, int num_threads) {
     if (num_tokens < 1 || group < 1 || head_dim < 32 || head_dim % 32 || head_dim > MAX_HEAD_DIM ||
         block_size < 1 || tokens_per_item < 1)
         return -1;
@@ -364,15 +365,73 @@ int paged_prefill_attention(const act_t *q, int64_t q_stride, const act_t *k_cac
             attend((const uint16_t *)q, q_stride, (const uint16_t *)k_cache,
                    (const uint16_t *)v_cache, block_table, positions, first, count,
                    item % num_kv_heads, num_kv_heads, group, head_dim, block_size, scale,
-                   (uint16_t *)out, out_stride, &scratch);
+                   (uint16_t *)out, out_f32, lse, out_stride, &scratch);
         }
         if (has_scratch) free(scratch.block);
     }
     return failed ? -2 : 0;
+}
+#endif
+
+/*
+ * q:           [num_tokens, num_kv_heads * group, head_dim] bf16, token t at q + t * q_stride
+ * k/v_cache:   [num_blocks, num_kv_heads, block_size, head_dim] bf16, the chunk's own keys and
+ *              values already written
+ * block_table: the sequence's blocks, covering positions [0, positions[num_tokens - 1]]
+ * positions:   [num_tokens] int32, ascending: each query attends the keys at positions up to
+ *              its own
+ * out:         like q, token t at out + t * out_stride
+ * tokens_per_item: query tokens per work item
+ * Returns 0; -1 when the build or a size is not served (nothing written); -2 when out of memory.
+ */
+int paged_prefill_attention(const act_t *q, int64_t q_stride, const act_t *k_cache,
+                            const act_t *v_cache, const int32_t *block_table,
+                            const int32_t *positions, int64_t num_tokens, int64_t num_kv_heads,
+                            int64_t group, int64_t head_dim, int64_t block_size, float scale,
+                            int64_t tokens_per_item, act_t *out, int64_t out_stride,
+                            int num_threads) {
+#if PREFILL_DPBF16
+    return attend_items(q, q_stride, k_cache, v_cache, block_table, positions, num_tokens,
+                        num_kv_heads, group, head_dim, block_size, scale, tokens_per_item, out,
+                        NULL, NULL, out_stride, num_threads);
 #else
     (void)q, (void)q_stride, (void)k_cache, (void)v_cache, (void)block_table, (void)positions,
         (void)num_tokens, (void)num_kv_heads, (void)group, (void)head_dim, (void)block_size,
         (void)scale, (void)tokens_per_item, (void)out, (void)out_stride, (void)num_threads;
+    return -1;
+#endif
+}
+
+/*
+ * A shared prefix attended once for many decodes (cascade): every query row of q [num_seqs,
+ * num_kv_heads * group, head_dim] bf16 (token t at q + t * q_stride) attends all
+ * `num_shared_tokens` positions of `shared_block_table`, unmasked. Writes float32 rows
+ * out [num_seqs, num_kv_heads * group, head_dim] (contiguous) and the log-sum-exp of each row's
+ * scaled scores lse [num_seqs, num_kv_heads * group], for merging with each decode's own part.
+ * Returns as paged_prefill_attention.
+ */
+int paged_shared_prefix_attention(const act_t *q, int64_t q_stride, const act_t *k_cache,
+                                  const act_t *v_cache, const int32_t *shared_block_table,
+                                  int64_t num_shared_tokens, int64_t num_seqs,
+                                  int64_t num_kv_heads, int64_t group, int64_t head_dim,
+                                  int64_t block_size, float scale, int64_t seqs_per_item,
+                                  float *out, float *lse, int num_threads) {
+#if PREFILL_DPBF16
+    if (num_shared_tokens < 1 || num_seqs < 1) return -1;
+    int32_t *positions = malloc(sizeof(int32_t) * (size_t)num_seqs);
+    if (!positions) return -2;
+    for (int64_t t = 0; t < num_seqs; ++t) positions[t] = (int32_t)(num_shared_tokens - 1);
+    const int status = attend_items(q, q_stride, k_cache, v_cache, shared_block_table, positions,
+                                    num_seqs, num_kv_heads, group, head_dim, block_size, scale,
+                                    seqs_per_item, NULL, out, lse,
+                                    num_kv_heads * group * head_dim, num_threads);
+    free(positions);
+    return status;
+#else
+    (void)q, (void)q_stride, (void)k_cache, (void)v_cache, (void)shared_block_table,
+        (void)num_shared_tokens, (void)num_seqs, (void)num_kv_heads, (void)group, (void)head_dim,
+        (void)block_size, (void)scale, (void)seqs_per_item, (void)out, (void)lse,
+        (void)num_threads;
     return -1;
 #endif
 }

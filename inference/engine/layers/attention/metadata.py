@@ -84,6 +84,9 @@ class AttentionMetadata:
     # when set, decode_gather_index and decode_mask are None.
     decode_block_table: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
+    # With the native kernel and a cascade: the shared blocks (int32), for the fused decode's
+    # shared-prefix kernel (kernels/decode_layers.py).
+    decode_shared_block_table: torch.Tensor | None = None
     # Sliding window (positions a query attends back, itself included) -> this step seen by a
     # layer with that window: the same tokens and cache writes, but each query reads only the
     # blocks its window reaches, masked to the window. The metadata itself when no context is
@@ -276,6 +279,8 @@ def _add_decode_part(
         decode_lens = decode_lens - num_shared_blocks * block_size
     metadata.max_decode_context_len = max_len = int(decode_lens.max())
     if decode_kernel:
+        if num_shared_blocks:
+            metadata.decode_shared_block_table = shared_table.to(torch.int32).contiguous()
         metadata.decode_block_table = decode_table.to(torch.int32).contiguous()
         metadata.decode_context_lens = decode_lens.to(torch.int32)
         return

@@ -389,7 +389,7 @@ static int run_decode_layers(int threads) {
 
     act_t *residual = fresh(acts(m * hidden));
     const int status = decode_layers(&model, layers, x, residual, cos, sin, write_index,
-                                     block_tables, table_stride, context_lens, m,
+                                     block_tables, table_stride, context_lens, NULL, 0, m,
                                      tokens_per_part, num_parts, threads);
     put("x", x, acts(m * hidden));
     put("residual", residual, acts(m * hidden));
