@@ -62,7 +62,6 @@ _SHARED_PREFIX_ARGTYPES = [
     ctypes.c_int64,  # head_dim
     ctypes.c_int64,  # block_size
     ctypes.c_float,  # scale
-    ctypes.c_int64,  # seqs_per_item
     ctypes.c_void_p,  # out (float32)
     ctypes.c_void_p,  # lse (float32)
     ctypes.c_int,  # num_threads
@@ -157,11 +156,6 @@ def paged_prefill_attention(
         )
 
 
-# Decodes per work item of a shared prefix: few enough that a step's decodes make several items
-# per thread, enough that each group of keys transposed serves a few rows blocks.
-SEQS_PER_ITEM = 16
-
-
 def paged_shared_prefix_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -197,7 +191,6 @@ def paged_shared_prefix_attention(
         head_dim,
         block_size,
         scale,
-        SEQS_PER_ITEM,
         out.data_ptr(),
         lse.data_ptr(),
         torch.get_num_threads(),

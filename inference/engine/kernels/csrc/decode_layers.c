@@ -82,9 +82,6 @@ static int linear(const linear_desc *layer, const act_t *x, act_t *out, int64_t 
     return 0;
 }
 
-/* Decodes per work item of the shared prefix (paged_prefill_attention.py: SEQS_PER_ITEM). */
-#define SHARED_PREFIX_SEQS_PER_ITEM 16
-
 /* out = the softmax-weighted merge of two attentions over disjoint keys, each normalised over
  * its own: out [rows, head_dim] and lse [rows] hold the first (and receive the result), other /
  * other_lse the second. */
@@ -160,8 +157,8 @@ int decode_layers(const model_desc *model, const layer_desc *layers, act_t *x, a
         if (num_shared_tokens) {
             status = paged_shared_prefix_attention(
                 q, q_size, layer->k_cache, layer->v_cache, shared_block_table, num_shared_tokens,
-                m, model->num_kv_heads, group, head_dim, model->block_size, model->scale,
-                SHARED_PREFIX_SEQS_PER_ITEM, shared, lse + num_rows, num_threads);
+                m, model->num_kv_heads, group, head_dim, model->block_size, model->scale, shared,
+                lse + num_rows, num_threads);
             if (status) goto done;
             merge_attention(attention, lse, shared, lse + num_rows, num_rows, head_dim);
         }

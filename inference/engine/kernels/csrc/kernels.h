@@ -33,8 +33,8 @@ int paged_shared_prefix_attention(const act_t *q, int64_t q_stride, const act_t 
                                   const act_t *v_cache, const int32_t *shared_block_table,
                                   int64_t num_shared_tokens, int64_t num_seqs,
                                   int64_t num_kv_heads, int64_t group, int64_t head_dim,
-                                  int64_t block_size, float scale, int64_t seqs_per_item,
-                                  float *out, float *lse, int num_threads);
+                                  int64_t block_size, float scale, float *out, float *lse,
+                                  int num_threads);
 int int4_linear(const act_t *x, const uint8_t *codes, const uint16_t *scales,
                 const uint8_t *zero_points, act_t *out, int64_t m, int64_t n, int64_t padded_n,
                 int64_t k, int64_t group_size, int num_threads);

@@ -48,6 +48,9 @@
 #define KEY_GROUP (KEY_TILE * TILES_PER_GROUP)
 #define ROW_BLOCK 4
 #define MAX_HEAD_DIM 256
+/* Decodes per work item of a shared prefix: few enough that a step's decodes make several items
+ * per thread, enough that each group of keys transposed serves a few row blocks. */
+#define SHARED_PREFIX_SEQS_PER_ITEM 16
 
 int paged_prefill_attention_is_built(void) { return PREFILL_DPBF16; }
 
@@ -414,8 +417,8 @@ int paged_shared_prefix_attention(const act_t *q, int64_t q_stride, const act_t 
                                   const act_t *v_cache, const int32_t *shared_block_table,
                                   int64_t num_shared_tokens, int64_t num_seqs,
                                   int64_t num_kv_heads, int64_t group, int64_t head_dim,
-                                  int64_t block_size, float scale, int64_t seqs_per_item,
-                                  float *out, float *lse, int num_threads) {
+                                  int64_t block_size, float scale, float *out, float *lse,
+                                  int num_threads) {
 #if PREFILL_DPBF16
     if (num_shared_tokens < 1 || num_seqs < 1) return -1;
     int32_t *positions = malloc(sizeof(int32_t) * (size_t)num_seqs);
@@ -423,15 +426,14 @@ int paged_shared_prefix_attention(const act_t *q, int64_t q_stride, const act_t 
     for (int64_t t = 0; t < num_seqs; ++t) positions[t] = (int32_t)(num_shared_tokens - 1);
     const int status = attend_items(q, q_stride, k_cache, v_cache, shared_block_table, positions,
                                     num_seqs, num_kv_heads, group, head_dim, block_size, scale,
-                                    seqs_per_item, NULL, out, lse,
+                                    SHARED_PREFIX_SEQS_PER_ITEM, NULL, out, lse,
                                     num_kv_heads * group * head_dim, num_threads);
     free(positions);
     return status;
 #else
     (void)q, (void)q_stride, (void)k_cache, (void)v_cache, (void)shared_block_table,
         (void)num_shared_tokens, (void)num_seqs, (void)num_kv_heads, (void)group, (void)head_dim,
-        (void)block_size, (void)scale, (void)seqs_per_item, (void)out, (void)lse,
-        (void)num_threads;
+        (void)block_size, (void)scale, (void)out, (void)lse, (void)num_threads;
     return -1;
 #endif
 }
