@@ -23,6 +23,7 @@ from django.db import connection, transaction
 from retrieval.lexical import K1, B
 from retrieval.models import Chunk, Document
 from retrieval.postings import chunk_terms, corpus_totals
+from retrieval.unreachable_database import LexicalStoreUnavailable, reported_as
 
 logger = logging.getLogger(__name__)
 
@@ -285,7 +286,11 @@ class PostgresLexicalStore:
         if collection_ids is None and allowed_ids is not None:
             chunk_ids = [int(i) for i in allowed_ids]
         terms = sorted(counts)
-        with transaction.atomic(), connection.cursor() as cursor:
+        with (
+            reported_as(LexicalStoreUnavailable, "keyword search"),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+        ):
             # One round trip: the search's own work_mem (SET LOCAL) and the corpus size.
             cursor.execute(
                 "SELECT set_config('work_mem', %s, true),"

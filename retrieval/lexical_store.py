@@ -45,7 +45,9 @@ class LexicalStore(Protocol):
         """(chunk id, BM25 score) best first, positive scores only, of ready documents.
 
         `collection_ids` (None: all) and `allowed_ids` (the chunk ids of those collections,
-        None: all) say the same thing; each store uses the one it filters by.
+        None: all) say the same thing; each store uses the one it filters by. Raises
+        `unreachable_database.LexicalStoreUnavailable` when a store in PostgreSQL cannot
+        reach it.
         """
         ...
 

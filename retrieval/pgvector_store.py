@@ -38,8 +38,9 @@ from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import numpy as np
-from django.db import InterfaceError, OperationalError, connections, transaction
+from django.db import connections, transaction
 
+from retrieval.unreachable_database import reported_as
 from retrieval.vector_store import UnreadableIndexError, VectorStoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -376,26 +377,22 @@ class PgVectorStore:
         """
         if limit <= 0 or (collection_ids is not None and not collection_ids):
             return []
-        connection = connections[self.alias]
-        try:
-            with transaction.atomic(using=self.alias), connection.cursor() as cursor:
-                self.configure_search(cursor, limit)
-                ef_search = self.configured_ef_search(limit)
-                rows = []
-                for search in self.search_queries(cursor, query, limit, collection_ids):
-                    if search.ef_search != ef_search:
-                        ef_search = search.ef_search
-                        cursor.execute(
-                            "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
-                        )
-                    cursor.execute(search.sql, search.params)
-                    rows += cursor.fetchall()
-        except (OperationalError, InterfaceError) as error:
-            if not connection.in_atomic_block:
-                connection.close()  # NOTE: the next search connects afresh
-            raise VectorStoreUnavailable(
-                f"the vector search could not reach PostgreSQL: {str(error).strip()}"
-            ) from error
+        with (
+            reported_as(VectorStoreUnavailable, "vector search", self.alias),
+            transaction.atomic(using=self.alias),
+            connections[self.alias].cursor() as cursor,
+        ):
+            self.configure_search(cursor, limit)
+            ef_search = self.configured_ef_search(limit)
+            rows = []
+            for search in self.search_queries(cursor, query, limit, collection_ids):
+                if search.ef_search != ef_search:
+                    ef_search = search.ef_search
+                    cursor.execute(
+                        "SELECT set_config('hnsw.ef_search', %s, true)", [str(ef_search)]
+                    )
+                cursor.execute(search.sql, search.params)
+                rows += cursor.fetchall()
         # NOTE: one query's rows per collection with an index of its own: merged best first.
         rows.sort(key=lambda row: (-row[1], row[0]))
         return [(int(i), float(s)) for i, s in rows[:limit]]

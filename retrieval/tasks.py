@@ -10,7 +10,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.core.files.uploadedfile import UploadedFile
-from django.db import OperationalError, transaction
+from django.db import InterfaceError, OperationalError, transaction
 from django.utils.translation import gettext, gettext_noop
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -23,7 +23,8 @@ from retrieval.search import get_retriever
 logger = logging.getLogger(__name__)
 
 # NOTE: errors worth retrying are those of services that come back: the database and the broker.
-TRANSIENT_ERRORS = (OperationalError, ConnectionError, TimeoutError)
+# NOTE: InterfaceError: the worker's connection closed under it (the server restarted).
+TRANSIENT_ERRORS = (OperationalError, InterfaceError, ConnectionError, TimeoutError)
 SOFT_TIME_LIMIT_S = 30 * 60
 MAX_RETRIES = 3
 # A collection's index check that finds another build under way tries again this often.

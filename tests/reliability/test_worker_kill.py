@@ -22,7 +22,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import urllib.request
 import uuid
@@ -34,6 +33,7 @@ from django.core.files.base import ContentFile
 
 from harness import LiveServer
 from retrieval.models import Chunk, Collection, Document
+from tests.celery_workers import send_ingest, start_worker, stop_worker, worker_env
 from tests.reliability.helpers import (
     ThrowawayRedis,
     big_document,
@@ -55,37 +55,6 @@ def postgres_only(settings) -> None:
     if "postgresql" not in settings.DATABASES["default"]["ENGINE"]:
         pytest.skip("runs in the integration pass (DATABASE_URL=postgres://...): the worker "
                     "process must see the test database")  # fmt: skip
-
-
-def worker_env(settings, data_dir: Path, broker_url: str) -> dict[str, str]:
-    db = settings.DATABASES["default"]
-    return os.environ | {
-        "DJANGO_SETTINGS_MODULE": "tests.settings",
-        "CACHET_DATA_DIR": str(data_dir),
-        # NOTE: the worker must see the test database, which pytest-django created with a prefix.
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": broker_url,
-    }
-
-
-def start_worker(env: dict[str, str], log_path: Path, *pool: str) -> subprocess.Popen:
-    # NOTE: the log goes to a file: a full pipe would stall the worker.
-    with log_path.open("ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "chatsite", "worker", *pool,
-             "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-
-
-def stop_worker(worker: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
-    if worker.poll() is None:
-        os.killpg(worker.pid, sig)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
-            worker.wait()
 
 
 def state(document_id: int) -> tuple[str, int]:
@@ -132,14 +101,6 @@ def upload(settings, tmp_path):
         collection=collection, title=NAME, file=ContentFile(DOCUMENT, name=NAME)
     )
     return data_dir, document
-
-
-def send_ingest(broker_url: str, document_id: int) -> None:
-    from chatsite.celery import app
-
-    # NOTE: send_task publishes even where tasks would run in-process, and to this broker only.
-    with app.connection_for_write(broker_url) as connection:
-        app.send_task("retrieval.ingest_document", args=[document_id], connection=connection)
 
 
 @pytest.mark.integration

@@ -18,6 +18,7 @@ from retrieval.ingestion_lock import ingestion_lock
 from retrieval.models import Chunk, Collection, Document
 from retrieval.recovery import recover_interrupted_ingestions
 from retrieval.tasks import ingest_document
+from tests.celery_workers import send_ingest, start_worker, stop_worker, worker_env
 from tests.documents import HANDBOOK, KITCHEN, add_document
 from tests.reliability.helpers import ThrowawayRedis, big_document, index_ids, wait_for
 from tests.reliability.test_worker_kill import (
@@ -25,10 +26,6 @@ from tests.reliability.test_worker_kill import (
     PARAGRAPHS,
     mid_embedding,
     postgres_only,
-    send_ingest,
-    start_worker,
-    stop_worker,
-    worker_env,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)

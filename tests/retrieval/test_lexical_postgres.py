@@ -24,12 +24,13 @@ from chatsite.health import run_checks
 from retrieval import postings
 from retrieval.chunking import ChunkDraft
 from retrieval.ingest import Prepared, fail, store
-from retrieval.inverted_index import CorpusShard, IndexedChunk, Posting, TermStats
+from retrieval.inverted_index import CorpusShard
 from retrieval.lexical_postgres import PostgresLexicalStore
 from retrieval.lexical_store import InProcessLexicalStore, lexical_store_name
 from retrieval.models import Chunk, Collection, Document
 from retrieval.search import search_pool
 from tests.documents import add_document
+from tests.retrieval.postings_state import assert_statistics_equal_a_rebuild, statistics
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -92,21 +93,6 @@ def assert_same_ranking(got: list[tuple[int, float]], expected: list[tuple[int, 
     for _, score in expected:
         if abs(score - cut) > 1e-5 * cut:  # the cut at `limit` may fall inside a tie
             assert near(got, score) == near(expected, score)
-
-
-def statistics() -> dict[str, object]:
-    return {
-        "df": dict(TermStats.objects.values_list("term", "df")),
-        "corpus": postings.corpus_totals(),
-        "postings": set(Posting.objects.values_list("term", "chunk_id", "tf", "length")),
-        "chunks": set(IndexedChunk.objects.values_list("chunk_id", "length")),
-    }
-
-
-def assert_statistics_equal_a_rebuild() -> None:
-    incremental = statistics()
-    postings.rebuild()
-    assert statistics() == incremental
 
 
 def assert_equal_to_bm25s(query_texts: list[str], limit: int = 20) -> None:
