@@ -18,6 +18,7 @@ call, and each speed over PyTorch's.
     python -m bench.kernel_levels --model smollm2-135m-instruct --json
     python -m bench.kernel_levels --smoke                  # the bundled model, tiny sizes,
                                                            # PyTorch and the best level only
+    python -m bench.kernel_levels --levels avx512_vnni,avx512   # two levels side by side
 """
 
 from __future__ import annotations
@@ -45,13 +46,27 @@ BASELINE = "pytorch"
 
 
 def run_benchmark(
-    *, models: Sequence[str], quantization: str, models_dir: Path, smoke: bool = False
+    *,
+    models: Sequence[str],
+    quantization: str,
+    models_dir: Path,
+    smoke: bool = False,
+    configurations: Sequence[str] | None = None,
 ) -> dict:
+    """`configurations`: the rows to run ("pytorch" and levels this CPU runs, in that order);
+    None: all (smoke: PyTorch and the best level)."""
     from inference.engine.kernels import ISA_ENVIRONMENT_VARIABLE, supported_isa_levels
     from inference.model_files import ModelSourceError, resolve_chat_model
 
     levels = [level.name for level in supported_isa_levels()]
-    measured = levels[:1] if smoke else levels  # NOTE: smoke: PyTorch and the best level only
+    if configurations is None:
+        # NOTE: smoke: PyTorch and the best level only
+        configurations = [BASELINE, *(levels[:1] if smoke else levels)]
+    unknown = [c for c in configurations if c != BASELINE and c not in levels]
+    if unknown:
+        raise CannotRunError(
+            f"not a level this CPU runs: {', '.join(unknown)}; it runs {', '.join(levels)}"
+        )
     workload = SMOKE_WORKLOAD if smoke else WORKLOAD
     rows = []
     for name in models:
@@ -60,7 +75,7 @@ def run_benchmark(
         except ModelSourceError as error:
             raise CannotRunError(f"model {name}: {error}") from None
         baseline: dict | None = None
-        for configuration in [BASELINE, *measured]:
+        for configuration in configurations:
             arguments = {
                 "model": name,
                 "model_dir": str(model_dir),
@@ -169,6 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantization", default="auto", help="default: auto")
     parser.add_argument("--models-dir", type=Path, default=None, help="default: the data dir's")
     parser.add_argument("--smoke", action="store_true", help="the bundled model, tiny sizes")
+    parser.add_argument(
+        "--levels",
+        help="the rows to run, comma-separated: pytorch and levels this CPU runs (default: all); "
+        "ratios are over pytorch where it runs",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -186,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             quantization=args.quantization,
             models_dir=models_dir,
             smoke=args.smoke,
+            configurations=args.levels.split(",") if args.levels else None,
         )
 
     return run_cli(run, as_json=args.json, format_report=format_table)

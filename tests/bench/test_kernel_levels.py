@@ -52,3 +52,9 @@ def test_a_failed_configuration_keeps_its_row_with_the_reason():
     table = format_table(report)
     assert "| m | pytorch | failed: out of memory |" in table
     assert "| m | avx2 | float32 | yes | 10.0 | 12.0 | 0.50 |" in table
+
+
+def test_a_level_this_cpu_cannot_run_is_refused_before_any_model_loads(caplog):
+    status = main(["--levels", "pytorch,no_such_level", "--model", "smollm2-135m-instruct"])
+    assert status == 2  # could not run
+    assert "not a level this CPU runs: no_such_level" in caplog.text

@@ -86,6 +86,15 @@ ISA_LEVELS = (
         (*_X86_64_V4, "avx512_bf16", "avx512_vnni"),
         ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
     ),
+    # NOTE: VNNI without BF16: Cascade Lake, Ice Lake, Tiger / Rocket Lake, and hosts that pass
+    # a newer Xeon's VNNI but not its BF16 through; one instruction per 4-byte dot product
+    # where the level below takes three.
+    IsaLevel(
+        "avx512_vnni",
+        "x86_64",
+        (*_X86_64_V4, "avx512_vnni"),
+        ("-march=x86-64-v4", "-mavx512vnni"),
+    ),
     IsaLevel("avx512", "x86_64", _X86_64_V4, ("-march=x86-64-v4",)),
     IsaLevel("avx2", "x86_64", _X86_64_V3, ("-march=x86-64-v3",)),
     IsaLevel("neon_dotprod", "aarch64", ("asimd", "asimddp"), ("-march=armv8.2-a+dotprod",)),

@@ -112,8 +112,13 @@ def test_a_cpu_without_the_needed_instructions_gets_no_kernel(fresh_cache, monke
         ),
         (
             (*AVX2.required_cpu_flags, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
+             "avx512_vnni"),
+            ["avx512_vnni", "avx512", "avx2"],
+        ),
+        (
+            (*AVX2.required_cpu_flags, "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl",
              "avx512_bf16", "avx512_vnni"),
-            ["avx512_bf16", "avx512", "avx2"],
+            ["avx512_bf16", "avx512_vnni", "avx512", "avx2"],
         ),
         (("avx2",), []),  # no FMA / F16C / BMI: not x86-64-v3
     ],

@@ -130,7 +130,9 @@ def test_steps_with_a_prefill_take_the_layer_by_layer_path_and_a_shared_prefix_u
     assert shared_prefix.decode_shared_gather_index is not None
     # the shared-prefix kernel serves it where the runner's prefill attention is native
     assert fused.cascades == fused_runner.uses_prefill_kernel
-    assert (shared_prefix.decode_shared_block_table is not None) == fused.cascades
+    # the table is there for the fused cascade; where that does not run, the layer path reads
+    # the shared blocks through the gather index
+    assert shared_prefix.decode_shared_block_table is not None
     assert fused.applies_to(shared_prefix, caches, 2) == fused.cascades
     assert not fused.applies_to(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
 

@@ -160,7 +160,7 @@ def test_bad_arguments_are_refused_before_the_kernel_reads_anything():
     assert not paged_prefill_kernel.is_supported(torch.bfloat16, torch.device("meta"), 9, 3, 64)
 
 
-@pytest.mark.parametrize("level", ["avx512", "avx2"])
+@pytest.mark.parametrize("level", ["avx512_vnni", "avx512", "avx2"])
 def test_builds_without_avx512_bf16_say_they_serve_nothing(level, monkeypatch):
     from inference.engine.kernels import ISA_ENVIRONMENT_VARIABLE, supported_isa_levels
 
