@@ -49,7 +49,9 @@ def test_a_smoke_sweep_measures_each_level_and_its_share_of_the_machines_limits(
         assert limits["limit_tok_s"] <= limits["bandwidth_limit_tok_s"]
         assert 0 < level["share_of_limit"] <= 1
         assert 0 < level["share_of_bandwidth_limit"] <= 1
-        assert 0 < level["share_of_compute_bf16"] <= 1
+        assert level["share_of_compute_bf16"] > 0
+        if model["dtype"] == "bfloat16":  # NOTE: served in float32, bf16's peak bounds nothing
+            assert level["share_of_compute_bf16"] <= 1
     # The warm-up and the 1 + 2 streams, all on one server.
     assert model["server_engine"]["requests"] == 4
     table = bench.format_report(report)
