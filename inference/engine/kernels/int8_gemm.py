@@ -50,12 +50,23 @@ def code_tokens(x: torch.Tensor, skip: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def scale_sums(
-    sums: torch.Tensor, token_scales: torch.Tensor, row_scales: torch.Tensor, dtype: torch.dtype
+    sums: torch.Tensor,
+    token_scales: torch.Tensor,
+    row_scales: torch.Tensor,
+    dtype: torch.dtype,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """int32 sums [tokens, out] -> sums * token_scales [tokens, 1] * row_scales [out], float32
-    products rounded once to `dtype`."""
+    products rounded once to `dtype`, into `out` where given (contiguous, that shape and dtype:
+    a block of rows of the caller's result, so that nothing is copied after)."""
     sums = sums.contiguous()
-    out = torch.empty(sums.shape, dtype=dtype)
+    if out is None:
+        out = torch.empty(sums.shape, dtype=dtype)
+    elif out.shape != sums.shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous {dtype} tensor of shape {tuple(sums.shape)}; got "
+            f"{out.dtype} {tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}"
+        )
     status = require(_scale_sums(dtype), "int8_gemm")(
         sums.data_ptr(), token_scales.data_ptr(), row_scales.data_ptr(), out.data_ptr(),
         sums.shape[0], sums.shape[1], torch.get_num_threads(),

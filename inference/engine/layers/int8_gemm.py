@@ -76,10 +76,15 @@ class Int8GemmWeight:
             return self._matmul_rows(x)
         y = x.new_empty(x.shape[0], self.codes.shape[0])
         for start in range(0, x.shape[0], ROWS_PER_GEMM):
-            y[start : start + ROWS_PER_GEMM] = self._matmul_rows(x[start : start + ROWS_PER_GEMM])
+            # NOTE: each block written in place: copying it in after cost the 1.5B's 512-token
+            # gate_up ~9 of its ~47 ms (float32, a Xeon without BF16)
+            end = start + ROWS_PER_GEMM
+            self._matmul_rows(x[start:end], out=y[start:end])
         return y
 
-    def _matmul_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def _matmul_rows(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """`matmul` of at most `ROWS_PER_GEMM` tokens, into `out` (rows of a contiguous
+        result) where given."""
         magnitudes = x.abs()
         column_peaks = magnitudes.amax(dim=0)
         outliers = (column_peaks > OUTLIER_RATIO * column_peaks.median()).nonzero().squeeze(1)
@@ -95,9 +100,11 @@ class Int8GemmWeight:
             codes, token_scales = _code_tokens(x, magnitudes, outliers)
         sums = torch._int_mm(codes, self.codes.t())
         if native:
-            y = native_int8_gemm.scale_sums(sums, token_scales, self.scales, x.dtype)
+            y = native_int8_gemm.scale_sums(sums, token_scales, self.scales, x.dtype, out=out)
         else:
             y = sums.float().mul_(token_scales).mul_(self.scales).to(x.dtype)
+            if out is not None:
+                y = out.copy_(y)
         if outliers.numel():
             # NOTE: rows of W^T: a few rows copied whatever the codes' layout (index_select on
             # the columns of a transposed view first copied all of it)

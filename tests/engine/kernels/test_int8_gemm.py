@@ -54,6 +54,25 @@ def test_native_scaled_sums_are_pytorchs(num_tokens, out_features, isa_level, dt
     y = int8_gemm.scale_sums(sums, token_scales, row_scales, dtype)
     expected = sums.float().mul_(token_scales).mul_(row_scales).to(dtype)
     assert torch.equal(y, expected)
+    # into a block of rows of a larger result, leaving the rest as it was
+    result = torch.full((num_tokens + 2, out_features), 7.0, dtype=dtype)
+    written = int8_gemm.scale_sums(sums, token_scales, row_scales, dtype, out=result[1:-1])
+    assert written.data_ptr() == result[1].data_ptr() and torch.equal(result[1:-1], expected)
+    assert (result[0] == 7).all() and (result[-1] == 7).all()
+
+
+@needs_kernel
+def test_scaled_sums_refuse_an_out_of_another_shape_dtype_or_layout(dtype) -> None:
+    sums = torch.zeros(4, 32, dtype=torch.int32)
+    scales = (torch.ones(4, 1), torch.ones(32))
+    other = torch.float32 if dtype == torch.bfloat16 else torch.bfloat16
+    for out in (
+        torch.empty(4, 16, dtype=dtype),
+        torch.empty(4, 32, dtype=other),
+        torch.empty(32, 4, dtype=dtype).t(),
+    ):
+        with pytest.raises(ValueError, match="out must be a contiguous"):
+            int8_gemm.scale_sums(sums, *scales, dtype, out=out)
 
 
 @needs_kernel
