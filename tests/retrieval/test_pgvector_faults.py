@@ -153,12 +153,12 @@ def test_a_workers_ingestion_cut_by_a_postgresql_restart_is_retried_and_ends_who
     def status() -> str:
         return Document.objects.values_list("status", flat=True).get(pk=document.pk)
 
-    env = worker_env(settings, data_dir, "", CACHET_VECTOR_STORE="pgvector")
     log_path = tmp_path / "worker.log"
     blocker = psycopg.connect(database_url(), autocommit=False)
     watcher = psycopg.connect(database_url(), autocommit=True)
     with ThrowawayRedis(tmp_path) as broker:
-        worker = start_worker(env | {"REDIS_URL": broker.url}, log_path, "--pool", "solo")
+        env = worker_env(settings, data_dir, broker.url, CACHET_VECTOR_STORE="pgvector")
+        worker = start_worker(env, log_path, "--pool", "solo")
         try:
             blocker.execute("SELECT 1 FROM retrieval_vector_store WHERE id = 1 FOR UPDATE")
             send_ingest(broker.url, document.pk)

@@ -117,7 +117,13 @@ def test_steps_with_a_prefill_take_the_layer_by_layer_path_and_a_shared_prefix_u
 
     def metadata(query_lens, computed, tables):
         return build_attention_metadata(
-            query_lens, computed, tables, block_size=16, num_kv_heads=3, decode_kernel=True
+            query_lens,
+            computed,
+            tables,
+            block_size=16,
+            num_kv_heads=3,
+            decode_kernel=True,
+            prefill_kernel=fused_runner.uses_prefill_kernel,  # as the runner builds it
         )
 
     decodes = metadata([1, 1], [40, 70], [[0, 1, 2], [5, 6, 7, 8, 9]])
@@ -130,9 +136,7 @@ def test_steps_with_a_prefill_take_the_layer_by_layer_path_and_a_shared_prefix_u
     assert shared_prefix.decode_shared_gather_index is not None
     # the shared-prefix kernel serves it where the runner's prefill attention is native
     assert fused.cascades == fused_runner.uses_prefill_kernel
-    # the table is there for the fused cascade; where that does not run, the layer path reads
-    # the shared blocks through the gather index
-    assert shared_prefix.decode_shared_block_table is not None
+    assert (shared_prefix.decode_shared_block_table is not None) == fused.cascades
     assert fused.applies_to(shared_prefix, caches, 2) == fused.cascades
     assert not fused.applies_to(decodes, [tuple(c.clone() for c in layer) for layer in caches], 2)
 
@@ -207,6 +211,7 @@ def test_a_fused_step_attending_a_shared_prefix_apart_agrees_with_the_layer_path
         block_size=16,
         num_kv_heads=fused_runner.model.args.num_kv_heads,
         decode_kernel=True,
+        prefill_kernel=True,  # the cascade's table, as the runner builds it here
     )
     assert step_metadata.decode_shared_block_table.tolist() == shared_blocks
     assert fused.applies_to(step_metadata, fused_runner.kv_cache.layers, 4)  # the cascade runs

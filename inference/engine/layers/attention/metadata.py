@@ -84,8 +84,8 @@ class AttentionMetadata:
     # when set, decode_gather_index and decode_mask are None.
     decode_block_table: torch.Tensor | None = None
     decode_context_lens: torch.Tensor | None = None
-    # With the native kernel and a cascade: the shared blocks (int32), for the fused decode's
-    # shared-prefix kernel (kernels/decode_layers.py).
+    # With the native decode and prefill kernels and a cascade: the shared blocks (int32), for
+    # the fused decode's shared-prefix kernel (kernels/decode_layers.py).
     decode_shared_block_table: torch.Tensor | None = None
     # Sliding window (positions a query attends back, itself included) -> this step seen by a
     # layer with that window: the same tokens and cache writes, but each query reads only the
@@ -122,7 +122,9 @@ def build_attention_metadata(
     keys/values already); each query attends every position up to its own. Not with sliding
     windows.
     `prefill_kernel`: the multi-token sequences will be attended by the native prefill kernel
-    (the caller checked `paged_prefill_attention.is_supported`), except in sliding-window views.
+    (the caller checked `paged_prefill_attention.is_supported`), except in sliding-window views;
+    with `decode_kernel` and a cascade, a shared prefix's blocks are also given as a table
+    (`decode_shared_block_table`) for that kernel's shared-prefix entry (the fused decode).
     """
     num_seqs = len(query_lens)
     num_decodes = 0
@@ -198,7 +200,14 @@ def build_attention_metadata(
         prefills=_prefill_spans(layout, None, for_kernel=prefill_kernel),
     )
     if num_decodes:
-        _add_decode_part(metadata, layout, None, decode_kernel=decode_kernel, cascade=cascade)
+        _add_decode_part(
+            metadata,
+            layout,
+            None,
+            decode_kernel=decode_kernel,
+            cascade=cascade,
+            shared_block_table=prefill_kernel,
+        )
     for window in sliding_windows:
         if max(context_lens) <= window:
             # NOTE: no context reaches past the window: every query sees all of it anyway.
@@ -246,8 +255,10 @@ def _add_decode_part(
     *,
     decode_kernel: bool,
     cascade: bool,
+    shared_block_table: bool = False,
 ) -> None:
-    """Fill in what attention reads for the step's decodes: their blocks, lengths and mask.
+    """Fill in what attention reads for the step's decodes: their blocks, lengths and mask
+    (`shared_block_table`: a cascade's shared blocks as a table too, for the native kernel).
 
     With a `window`, each decode reads its blocks from the one holding the first position it
     may see (position - window + 1), and the mask hides what precedes that position there.
@@ -279,7 +290,7 @@ def _add_decode_part(
         decode_lens = decode_lens - num_shared_blocks * block_size
     metadata.max_decode_context_len = max_len = int(decode_lens.max())
     if decode_kernel:
-        if num_shared_blocks:
+        if num_shared_blocks and shared_block_table:
             metadata.decode_shared_block_table = shared_table.to(torch.int32).contiguous()
         metadata.decode_block_table = decode_table.to(torch.int32).contiguous()
         metadata.decode_context_lens = decode_lens.to(torch.int32)
