@@ -5,9 +5,10 @@ Layer: for each model's attention shape (query heads, KV heads, head size) and e
 prefill chunk, `layers.attention.paged_attention` as a step runs it, with metadata built for the
 native kernel (`kernels/paged_prefill_attention.c`: the context read in place) and for PyTorch
 (the context gathered, then `F.scaled_dot_product_attention` with an offset-causal mask). The
-caches are bf16, the blocks scattered. Each cell: milliseconds per call (the median of repeats)
-and GFLOP/s counting the attended (query, key) pairs only (4 x head size FLOPs each, a query
-attends the keys up to its position).
+caches are in `--dtype` (default: the dtype the engine runs models in on this CPU: bf16 where
+it is native, float32 elsewhere), the blocks scattered. Each cell: milliseconds per call (the
+median of repeats) and GFLOP/s counting the attended (query, key) pairs only (4 x head size
+FLOPs each, a query attends the keys up to its position).
 
 Prompts (with `--model`): the engine on that model, its runner switched between the two paths
 in one process on the same workload as bench.engine (a fixed ~1,000-token system prompt, a new
@@ -18,6 +19,7 @@ shared-prefix kernel, cascade) or each whole context: output tok/s and the mean 
 
     python -m bench.prefill_attention                          # layers only
     python -m bench.prefill_attention --model smollm2-135m-instruct --json
+    python -m bench.prefill_attention --dtype float32     # what CPUs without bf16 run
     python -m bench.prefill_attention --smoke
 """
 
@@ -37,6 +39,7 @@ from bench.quantized_matmul import time_call
 from harness import CannotRunError, cpu_name, rounded, run_cli
 
 WAYS = ("kernel", "pytorch")
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 BLOCK_SIZE = 16
 MIN_SECONDS = 0.3
 
@@ -65,8 +68,10 @@ SMOKE_SHAPES = {"smollm2-135m": (9, 3, 64)}
 SMOKE_CHUNKS = (Chunk("new turn", 40, 24),)
 
 
-def attention_calls(shape: tuple[int, int, int], chunk: Chunk) -> dict:
-    """paged_attention of one layer for `chunk`, through each way's metadata."""
+def attention_calls(
+    shape: tuple[int, int, int], chunk: Chunk, dtype: torch.dtype = torch.bfloat16
+) -> dict:
+    """paged_attention of one layer for `chunk` in `dtype`, through each way's metadata."""
     from inference.engine.layers.attention import build_attention_metadata, paged_attention
 
     num_heads, num_kv_heads, head_dim = shape
@@ -74,13 +79,13 @@ def attention_calls(shape: tuple[int, int, int], chunk: Chunk) -> dict:
     num_blocks = -(-context // BLOCK_SIZE)
     generator = torch.Generator().manual_seed(0)
     cache_shape = (num_blocks + 8, num_kv_heads, BLOCK_SIZE, head_dim)
-    k_cache = torch.randn(cache_shape, generator=generator).to(torch.bfloat16)
-    v_cache = torch.randn(cache_shape, generator=generator).to(torch.bfloat16)
+    k_cache = torch.randn(cache_shape, generator=generator).to(dtype)
+    v_cache = torch.randn(cache_shape, generator=generator).to(dtype)
     table = torch.randperm(num_blocks + 8, generator=generator)[:num_blocks].tolist()
     q = torch.randn(chunk.num_queries, num_heads, head_dim, generator=generator)
     k = torch.randn(chunk.num_queries, num_kv_heads, head_dim, generator=generator)
     v = torch.randn(chunk.num_queries, num_kv_heads, head_dim, generator=generator)
-    q, k, v = (t.to(torch.bfloat16) for t in (q, k, v))
+    q, k, v = (t.to(dtype) for t in (q, k, v))
     calls = {}
     for way in WAYS:
         metadata = build_attention_metadata(
@@ -107,11 +112,13 @@ def attended_flops(shape: tuple[int, int, int], chunk: Chunk) -> int:
     return 4 * num_heads * head_dim * pairs
 
 
-def measure_layers(shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float) -> list[dict]:
+def measure_layers(
+    shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float, dtype: torch.dtype
+) -> list[dict]:
     rows = []
     for model, shape in shapes.items():
         for chunk in chunks:
-            calls = attention_calls(shape, chunk)
+            calls = attention_calls(shape, chunk, dtype)
             flops = attended_flops(shape, chunk)
             row: dict = {
                 "model": model,
@@ -129,8 +136,10 @@ def measure_layers(shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float) 
     return rows
 
 
-def measure_prompts(model: str, models_dir: Path, repeats: int, streams: int) -> dict:
-    """Cold and warm TTFT of the engine on `model`, each way, in this process."""
+def measure_prompts(
+    model: str, models_dir: Path, repeats: int, streams: int, dtype: torch.dtype
+) -> dict:
+    """Cold and warm TTFT of the engine on `model` in `dtype`, each way, in this process."""
     from bench.workload import Seeds, Workload, build_prompts
     from inference.engine import Engine, EngineConfig, SamplingParams
     from inference.model_files import resolve_chat_model
@@ -139,7 +148,7 @@ def measure_prompts(model: str, models_dir: Path, repeats: int, streams: int) ->
     model_dir = resolve_chat_model(model, models_dir).directory
     config = EngineConfig(
         model_dir=model_dir,
-        dtype="auto",
+        dtype=dtype,
         max_model_len=2048,
         kv_cache_mb=1024,
         max_num_seqs=32,
@@ -228,31 +237,34 @@ def measure_shared_prefix_decodes(engine, workload, seeds, streams: int) -> dict
 
 def run_benchmark(
     *, shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float, model: str | None,
-    models_dir: Path, repeats: int, streams: int = 32,
+    models_dir: Path, repeats: int, streams: int = 32, dtype: torch.dtype | None = None,
 ) -> dict:  # fmt: skip
+    from inference.engine.config import resolve_auto_dtype
     from inference.engine.kernels import isa_level, paged_prefill_attention
 
-    if not paged_prefill_attention.is_supported(torch.bfloat16, torch.device("cpu"), 9, 3, 64):
-        raise CannotRunError("the native prefill kernel does not run on this CPU")
+    dtype = dtype or resolve_auto_dtype()
+    if not paged_prefill_attention.is_supported(dtype, torch.device("cpu"), 9, 3, 64):
+        raise CannotRunError(f"the native prefill kernel does not serve {dtype} on this CPU")
     level = isa_level()
     report: dict = {
         "config": {
             "cpu": cpu_name(),
             "kernel_isa": None if level is None else level.name,
+            "dtype": str(dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
-            "engine_prefers_kernel": paged_prefill_attention.is_preferred(),
+            "engine_prefers_kernel": paged_prefill_attention.is_preferred(dtype),
         },
-        "results": measure_layers(shapes, chunks, min_seconds),
+        "results": measure_layers(shapes, chunks, min_seconds, dtype),
     }
     if model is not None:
-        report["prompts"] = measure_prompts(model, models_dir, repeats, streams)
+        report["prompts"] = measure_prompts(model, models_dir, repeats, streams, dtype)
     return report
 
 
 def format_table(report: dict) -> str:
     config = report["config"]
     lines = [
-        f"Prefill attention on {config['cpu']} ({config['kernel_isa']} kernels, bf16, "
+        f"Prefill attention on {config['cpu']} ({config['kernel_isa']} kernels, {config['dtype']}, "
         f"{config['torch_threads']} threads): ms per layer call (GFLOP/s)",
         "",
         "| model (heads, KV heads, dim) | chunk | cached + new | native kernel | PyTorch "
@@ -296,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models-dir", type=Path, default=Path("var/models"))
     parser.add_argument("--repeats", type=int, default=3, help="requests per TTFT median")
     parser.add_argument("--streams", type=int, default=32, help="requests at once (decodes)")
+    parser.add_argument(
+        "--dtype", choices=DTYPES, help="caches and model (default: the engine's on this CPU)"
+    )
     args = parser.parse_args(argv)
 
     def run() -> dict:
@@ -307,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
             models_dir=args.models_dir,
             repeats=args.repeats,
             streams=args.streams,
+            dtype=DTYPES.get(args.dtype) if args.dtype else None,
         )
 
     return run_cli(run, as_json=args.json, format_report=format_table)

@@ -150,9 +150,10 @@ class EngineConfig:
     prefill_weights: str = "auto"
     # Prefill chunks' attention (model_runner.py): "native" reads each chunk's context where the
     # paged cache holds it, with the native kernel (kernels/paged_prefill_attention.py: bf16 on
-    # CPUs with AVX-512 BF16; elsewhere PyTorch's path, with a log line); "pytorch" gathers the
-    # context for PyTorch's flash attention; "auto" is native where the kernel runs and the CPU
-    # has no AMX (PyTorch's kernel multiplies on AMX tiles there).
+    # CPUs with AVX-512 BF16, float32 on every CPU the kernels build for; elsewhere PyTorch's
+    # path, with a log line); "pytorch" gathers the context for PyTorch's flash attention;
+    # "auto" is native where the kernel runs, but for bf16 on CPUs with AMX (PyTorch's kernel
+    # multiplies on AMX tiles there).
     prefill_attention: str = "auto"
 
     def __post_init__(self) -> None:

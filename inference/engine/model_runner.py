@@ -210,6 +210,7 @@ class ModelRunner:
         )
         self.uses_prefill_kernel = self._uses_prefill_kernel(
             config.prefill_attention,
+            dtype,
             can_run=native_kernels
             and not spec.is_quantized
             and paged_prefill_attention.is_supported(
@@ -346,18 +347,20 @@ class ModelRunner:
                 raise ValueError(f"block ids must be in [0, {max_block_id}]")
 
     @staticmethod
-    def _uses_prefill_kernel(setting: str, *, can_run: bool) -> bool:
+    def _uses_prefill_kernel(setting: str, dtype: torch.dtype, *, can_run: bool) -> bool:
         """Whether prefill chunks attend through the native kernel (`prefill_attention`):
-        "auto" where it runs and beats PyTorch's flash attention (AVX-512 BF16 without AMX,
-        where PyTorch's runs at a third of the GEMM rate), "native" wherever it runs."""
+        "auto" where it runs and beats PyTorch's flash attention (bf16 on AVX-512 BF16 without
+        AMX, where PyTorch's runs at a third of the GEMM rate; float32 everywhere), "native"
+        wherever it runs."""
         if setting == "pytorch":
             return False
         if setting == "native" and not can_run:
             logger.warning(
                 "prefill_attention 'native': the kernel does not serve this model here (it needs "
-                "bf16, an unquantized KV cache and a CPU with AVX-512 BF16); PyTorch's path runs"
+                "an unquantized KV cache, a CPU the kernels build for and, in bf16, AVX-512 "
+                "BF16); PyTorch's path runs"
             )
-        return can_run and (setting == "native" or paged_prefill_attention.is_preferred())
+        return can_run and (setting == "native" or paged_prefill_attention.is_preferred(dtype))
 
     def _keep_prefill_weights(self, setting: str) -> tuple[str, int]:
         """Copies of the quantized layers' weights for prefill-sized steps, as

@@ -1,4 +1,5 @@
-"""bench.prefill_attention: its smoke run times both ways through paged_attention."""
+"""bench.prefill_attention: its smoke run times both ways through paged_attention, in bf16
+where the kernel serves it and in float32."""
 
 from __future__ import annotations
 
@@ -10,23 +11,33 @@ import torch
 from bench.prefill_attention import SMOKE_CHUNKS, SMOKE_SHAPES, attention_calls, format_table, main
 from inference.engine.kernels import paged_prefill_attention
 
-pytestmark = pytest.mark.skipif(
-    not paged_prefill_attention.is_supported(torch.bfloat16, torch.device("cpu"), 9, 3, 64),
-    reason="the native prefill kernel does not run on this CPU",
-)
+TOLERANCE = {
+    torch.bfloat16: {"atol": 4e-3, "rtol": 2**-6},
+    torch.float32: {"atol": 1e-5, "rtol": 1e-4},
+}
 
 
-def test_both_ways_compute_the_same_attention() -> None:
+@pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16", "float32"])
+def dtype(request) -> torch.dtype:
+    if not paged_prefill_attention.is_supported(request.param, torch.device("cpu"), 9, 3, 64):
+        pytest.skip(f"the native prefill kernel does not serve {request.param} on this CPU")
+    return request.param
+
+
+def test_both_ways_compute_the_same_attention(dtype) -> None:
     # A benchmark that timed two different computations would compare nothing.
     [shape], [chunk] = SMOKE_SHAPES.values(), SMOKE_CHUNKS
-    calls = attention_calls(shape, chunk)
-    kernel, pytorch = calls["kernel"]().float(), calls["pytorch"]().float()
-    assert torch.allclose(kernel, pytorch, atol=4e-3, rtol=2**-6)
+    calls = attention_calls(shape, chunk, dtype)
+    kernel, pytorch = calls["kernel"](), calls["pytorch"]()
+    assert kernel.dtype == pytorch.dtype == dtype
+    assert torch.allclose(kernel.float(), pytorch.float(), **TOLERANCE[dtype])
 
 
-def test_the_smoke_run_times_each_way_and_reports_the_speedup(capsys) -> None:
-    assert main(["--smoke", "--json"]) == 0
+def test_the_smoke_run_times_each_way_and_reports_the_speedup(capsys, dtype) -> None:
+    name = str(dtype).removeprefix("torch.")
+    assert main(["--smoke", "--json", "--dtype", name]) == 0
     report = json.loads(capsys.readouterr().out)
+    assert report["config"]["dtype"] == name
     [row] = report["results"]
     assert (row["cached"], row["queries"]) == (SMOKE_CHUNKS[0].num_cached, 24)
     for way in ("kernel", "pytorch"):

@@ -37,6 +37,11 @@ def native_dtype_runner(
     )
 
 
+def dtype_runner(model_dir: Path, dtype: torch.dtype, *, kv_cache_mb: int, max_model_len: int):
+    """The real model in `dtype` (float weights), 16-token blocks."""
+    return _runner(model_dir, dtype, kv_cache_mb, max_model_len)
+
+
 def _runner(
     model_dir: Path,
     dtype: torch.dtype,

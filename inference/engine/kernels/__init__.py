@@ -138,7 +138,7 @@ class KernelSpec:
 
 KERNELS = {
     "paged_decode_attention": KernelSpec("paged_decode_attention.c"),
-    "paged_prefill_attention": KernelSpec("paged_prefill_attention.c", activations=("bf16",)),
+    "paged_prefill_attention": KernelSpec("paged_prefill_attention.c"),
     "rms_norm": KernelSpec("rms_norm.c"),
     "rotary_store": KernelSpec("rotary_store.c"),
     "int4_linear": KernelSpec("int4_linear.c"),

@@ -1,4 +1,4 @@
-"""Prefill attention read straight from the paged KV cache by a native kernel (CPU, bf16).
+"""Prefill attention read straight from the paged KV cache by a native kernel (CPU).
 
 The PyTorch path (layers/attention/paged.py) gathers a prefill chunk's context into a
 contiguous copy and runs `F.scaled_dot_product_attention` over it with an offset-causal mask.
@@ -8,13 +8,14 @@ a warm prompt's step there (SmolLM2, 256 new tokens over 1,008 cached: 260 of ~4
 kernel (`csrc/paged_prefill_attention.c`) multiplies with register-blocked vdpbf16ps loops,
 reading the keys and values where the cache holds them.
 
-Where it runs: bf16 caches on CPUs with AVX-512 BF16 but no AMX. With AMX, PyTorch's flash
-attention multiplies on AMX tiles (~450 GFLOP/s measured on a 2-vCPU Sapphire Rapids), beyond
-what vdpbf16ps reaches, so the engine keeps it there; elsewhere (AVX2, AVX-512 without BF16,
-ARM, float32 models) the library has no such path and PyTorch's attention serves.
+Where it runs: bf16 caches on CPUs with AVX-512 BF16 but no AMX (with AMX, PyTorch's flash
+attention multiplies on AMX tiles, ~450 GFLOP/s measured on a 2-vCPU Sapphire Rapids, beyond
+what vdpbf16ps reaches, so the engine keeps it there), and float32 caches on every CPU the
+kernels build for (AVX-512, AVX2, NEON): the CPUs without native bf16 run models in float32,
+and there PyTorch's path also gathers each chunk's context into a copy in every layer.
 
-Results agree with PyTorch's flash attention to bf16 rounding (the probabilities are rounded to
-bf16 for the value sum, as that kernel does), not bitwise.
+Results agree with PyTorch's flash attention to the cache type's rounding (bf16: the
+probabilities are rounded to bf16 for the value sum, as that kernel does), not bitwise.
 """
 
 from __future__ import annotations
@@ -77,9 +78,10 @@ _is_built = KernelFunction("paged_prefill_attention", "paged_prefill_attention_i
 def is_supported(
     dtype: torch.dtype, device: torch.device, num_heads: int, num_kv_heads: int, head_dim: int
 ) -> bool:
-    """Whether the kernel can serve prefill attention of this shape here (a bf16 library built
-    with AVX-512 BF16). Whether it is the faster path is `is_preferred`'s question."""
-    if device.type != "cpu" or dtype != torch.bfloat16:
+    """Whether the kernel can serve prefill attention of this shape here (bf16: a library built
+    with AVX-512 BF16; float32: any level's). Whether it is the faster path is `is_preferred`'s
+    question."""
+    if device.type != "cpu" or dtype not in (torch.bfloat16, torch.float32):
         return False
     if num_heads % num_kv_heads or head_dim % 32 or head_dim > MAX_HEAD_DIM:
         return False
@@ -87,10 +89,11 @@ def is_supported(
     return is_built is not None and _kernel(dtype) is not None and is_built() == 1
 
 
-def is_preferred() -> bool:
-    """Whether a supported kernel beats PyTorch's flash attention here: not with AMX, whose
-    tiles PyTorch's kernel multiplies on (see the module's docstring)."""
-    return not has_amx()
+def is_preferred(dtype: torch.dtype) -> bool:
+    """Whether a supported kernel beats PyTorch's flash attention here for `dtype`: bf16 not
+    with AMX, whose tiles PyTorch's kernel multiplies on (see the module's docstring); float32
+    everywhere (no CPU multiplies float32 on tiles)."""
+    return dtype == torch.float32 or not has_amx()
 
 
 def paged_prefill_attention(
@@ -104,11 +107,12 @@ def paged_prefill_attention(
 ) -> None:
     """Attention of one sequence's query tokens over its cached context, into `out`.
 
-    q and out [num_tokens, num_heads, head_dim] bf16, each token's heads contiguous; caches
-    [num_blocks, num_kv_heads, block_size, head_dim] bf16, holding every position up to the
-    last query's (the chunk's own keys/values included); block_table int32, the sequence's
-    blocks; positions [num_tokens] int32, ascending: query t attends positions up to
-    positions[t]. Query head h uses KV head h // (num_heads // num_kv_heads).
+    q and out [num_tokens, num_heads, head_dim] (bf16 or float32), each token's heads
+    contiguous; caches [num_blocks, num_kv_heads, block_size, head_dim] of the same dtype,
+    holding every position up to the last query's (the chunk's own keys/values included);
+    block_table int32, the sequence's blocks; positions [num_tokens] int32, ascending: query t
+    attends positions up to positions[t]. Query head h uses KV head
+    h // (num_heads // num_kv_heads).
     """
     num_tokens, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
@@ -166,8 +170,8 @@ def paged_shared_prefix_attention(
     """Every decode's query heads over the whole shared prefix `shared_block_table` (full
     blocks), once for all decodes (cascade attention): float32 out [num_seqs, num_heads,
     head_dim] and the log-sum-exp of the scaled scores [num_seqs, num_heads], to merge with
-    each decode's own part. q [num_seqs, num_heads, head_dim] bf16, each token's heads
-    contiguous."""
+    each decode's own part. q [num_seqs, num_heads, head_dim] (the caches' dtype), each token's
+    heads contiguous."""
     num_seqs, num_heads, head_dim = q.shape
     num_kv_heads, block_size = k_cache.shape[1], k_cache.shape[2]
     if q.stride(2) != 1 or q.stride(1) != head_dim:

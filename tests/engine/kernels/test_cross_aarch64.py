@@ -47,6 +47,11 @@ from tests.engine.kernels.test_paged_decode_attention import (
     tolerance,
 )
 from tests.engine.kernels.test_paged_decode_attention import reference as attention_reference
+from tests.engine.kernels.test_paged_prefill_attention import (
+    FLOAT32_TOLERANCE as FLOAT32_PREFILL_TOLERANCE,
+)
+from tests.engine.kernels.test_paged_prefill_attention import paged_inputs as paged_prefill_inputs
+from tests.engine.kernels.test_paged_prefill_attention import reference as prefill_reference
 from tests.engine.kernels.test_rms_norm import op_by_op, random_rows
 from tests.engine.kernels.test_silu_and_mul import pytorch_silu_and_mul
 
@@ -566,6 +571,42 @@ def test_the_neon_paged_decode_attention_matches_exact_softmax_attention_under_q
     assert not result["out"].isnan().any()
     assert torch.allclose(result["out"].double(), expected, atol=tolerance(neon.dtype), rtol=0)
     assert torch.allclose(result["lse"].double(), expected_lse, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "num_cached", "num_queries"),
+    [(9, 3, 64, 100, 40), (12, 2, 128, 37, 20), (4, 4, 96, 20, 9)],  # 96: the generic instance
+)
+def test_the_neon_paged_prefill_attention_matches_exact_softmax_attention_under_qemu(
+    neon, tmp_path, num_heads, num_kv_heads, head_dim, num_cached, num_queries
+):
+    if neon.dtype != torch.float32:
+        pytest.skip("in bf16 the prefill kernel serves AVX-512 BF16 CPUs only")
+    context_len = num_cached + num_queries
+    q, k_cache, v_cache, table = paged_prefill_inputs(
+        num_heads, num_kv_heads, head_dim, context_len, num_queries, seed=head_dim,
+        dtype=torch.float32,
+    )  # fmt: skip
+    positions = torch.arange(num_cached, context_len, dtype=torch.int32)
+    result = neon.run(
+        "paged_prefill_attention",
+        tmp_path / "run",
+        {"q": q, "k_cache": k_cache, "v_cache": v_cache, "block_table": table,
+         "positions": positions},
+        {"out": (torch.float32, tuple(q.shape))},
+        num_tokens=num_queries,
+        num_kv_heads=num_kv_heads,
+        group=num_heads // num_kv_heads,
+        head_dim=head_dim,
+        block_size=k_cache.shape[2],
+        num_blocks=k_cache.shape[0],
+        table_len=len(table),
+        tokens_per_item=8,  # several work items per KV head: the OpenMP loop's threads
+        scale=0.125,
+    )  # fmt: skip
+    expected = prefill_reference(q, k_cache, v_cache, table, positions, 0.125)
+    assert not result["out"].isnan().any()  # the NaN rows past the context were never read
+    assert torch.allclose(result["out"].double(), expected, **FLOAT32_PREFILL_TOLERANCE)
 
 
 # ---- every layer of a decode step in one call ---------------------------------------------

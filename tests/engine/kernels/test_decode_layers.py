@@ -27,11 +27,11 @@ FUSED_QUANTIZATION = "none" if HAS_AMX else "int4"  # what a tiny model runs fus
 BLOCKS_PER_SEQ = 40  # 640 tokens
 
 
-def runner(model_dir, quantization: str, **options) -> ModelRunner:
+def runner(model_dir, quantization: str, dtype: torch.dtype = DTYPE, **options) -> ModelRunner:
     config = EngineConfig(
         model_dir,
-        dtype=DTYPE,
-        kv_cache_mb=32 * DTYPE.itemsize,  # 128 blocks of 16 tokens in bf16 and in float32
+        dtype=dtype,
+        kv_cache_mb=32 * dtype.itemsize,  # 128 blocks of 16 tokens in bf16 and in float32
         block_size=16,
         max_model_len=1024,
         quantization=quantization,
@@ -187,12 +187,21 @@ def test_decodes_sharing_a_prefix_run_fused_and_agree_with_the_cascade(fused_run
 
 
 def test_a_fused_step_attending_a_shared_prefix_apart_agrees_with_the_layer_path(fused_runner):
-    # 4 decodes over one 768-token prefix (a RAG system prompt) and their own tokens, 4 steps:
-    # the fused call with the shared-prefix kernel (cascade) against the layer-by-layer path
-    # (which attends the shared part through PyTorch's flash attention).
+    assert_the_cascade_agrees_with_the_layer_path(fused_runner)
+
+
+def test_a_float32_fused_step_attends_a_shared_prefix_apart_as_the_layer_path_does(chat_model_dir):
+    # CPUs without native bf16 run float32 models; the shared-prefix kernel serves them too.
+    assert_the_cascade_agrees_with_the_layer_path(runner(chat_model_dir, "int4", torch.float32))
+
+
+def assert_the_cascade_agrees_with_the_layer_path(fused_runner: ModelRunner) -> None:
+    """4 decodes over one 768-token prefix (a RAG system prompt) and their own tokens, 4 steps:
+    the fused call with the shared-prefix kernel (cascade) against the layer-by-layer path
+    (which attends the shared part through PyTorch's flash attention)."""
     fused = fused_runner.model.fused_decode
     if not fused.cascades:
-        pytest.skip("the shared-prefix kernel does not run here (AVX-512 BF16, no AMX)")
+        pytest.skip("the shared-prefix kernel does not serve this runner here")
     generator = torch.Generator().manual_seed(6)
     shared = torch.randint(100, 20_000, (768,), generator=generator).tolist()
     shared_blocks = list(range(48))
@@ -236,7 +245,8 @@ def test_a_fused_step_attending_a_shared_prefix_apart_agrees_with_the_layer_path
         finally:
             fused_runner.model.fused_decode = saved
     fused_logits, layer_logits = logits["fused"], logits["layers"]
-    # bf16 rounding moves logits by ~0.1; random tokens make near-ties, so a top-1 may flip
+    # bf16 rounding moves logits by ~0.1 (float32: the int4 kernel's activation codes against
+    # the layer path's); random tokens make near-ties, so a top-1 may flip
     assert (fused_logits - layer_logits).abs().max() < 0.05 * layer_logits.abs().max()
     assert (fused_logits.argmax(-1) == layer_logits.argmax(-1)).float().mean() >= 0.75
 

@@ -94,7 +94,7 @@ def test_qwen3_native_kernels_give_the_pytorch_path_results_in_bfloat16(
     with_prefill_kernel = engine_logits(directory, a, b, dtype="bfloat16")
     # NOTE: prefill attention on PyTorch's path too, so that the rest is compared bit for bit:
     # the native prefill kernel (where this CPU prefers it) agrees to bf16 rounding only.
-    monkeypatch.setattr(paged_prefill_attention, "is_preferred", lambda: False)
+    monkeypatch.setattr(paged_prefill_attention, "is_preferred", lambda dtype: False)
     native = engine_logits(directory, a, b, dtype="bfloat16")
     pytorch = engine_logits(directory, a, b, dtype="bfloat16", native_kernels=False)
     assert torch.equal(native[0], pytorch[0]) and torch.equal(native[1], pytorch[1])

@@ -1,33 +1,38 @@
 /*
- * Paged prefill attention for bf16 KV caches on CPUs with AVX-512 BF16 (Zen 4 and later, Cooper
- * Lake, Sapphire Rapids).
- *
- * The queries of one sequence's prefill chunk attend its keys/values where they lie in the paged
- * cache ([num_blocks, num_kv_heads, block_size, head_dim]), each up to its own position: no
- * gathered copy of the context and no mask tensor. PyTorch's CPU flash attention, which the
- * engine calls otherwise, multiplies its small tiles at ~110-140 GFLOP/s on a 2-vCPU Zen 4, a
- * quarter to a third of the machine's bf16 GEMM rate; here the two products of each tile are
- * register-blocked vdpbf16ps loops.
+ * Paged prefill attention: the queries of one sequence's prefill chunk attend its keys/values
+ * where they lie in the paged cache ([num_blocks, num_kv_heads, block_size, head_dim]), each up
+ * to its own position: no gathered copy of the context and no mask tensor. Two builds:
+ * - bf16 caches on CPUs with AVX-512 BF16 (Zen 4 and later, Cooper Lake, Sapphire Rapids):
+ *   PyTorch's CPU flash attention, which the engine calls otherwise, multiplies its small tiles
+ *   at ~110-140 GFLOP/s on a 2-vCPU Zen 4, a quarter to a third of the machine's bf16 GEMM
+ *   rate; here the two products of each tile are register-blocked vdpbf16ps loops;
+ * - float32 caches on every level (AVX-512, AVX2, NEON: simd.h's vectors), for the CPUs that
+ *   run models in float32 (no native bf16): the same work items with float32 multiply-adds,
+ *   register-blocked per level. There PyTorch's path also gathers the context into a copy
+ *   every layer (measured on a Xeon without BF16, the 1.5B's 512-token steps: 0.67 s of flash
+ *   attention and 0.25 s of gathering in 3.6 s).
  *
  * A work item is (KV head, run of query tokens). Its rows are the run's tokens times the query
  * heads sharing the KV head (grouped-query attention: each key/value row is read once for all
  * of them). The keys are taken KEY_GROUP at a time (flash attention's online softmax):
- * - scores: the group's keys are transposed into dim pairs x 16 keys, so that vdpbf16ps
- *   multiplies a broadcast pair of a query's dims by 16 keys' pairs at once; ROW_BLOCK rows x 4
- *   tiles of 16 keys are accumulated in 16 registers;
+ * - scores: the group's keys are transposed (bf16: into dim pairs x 16 keys, so that vdpbf16ps
+ *   multiplies a broadcast pair of a query's dims by 16 keys' pairs at once; float32: dims x 16
+ *   keys, one multiply-add of a broadcast dim by 16 keys); rows x tiles of 16 keys are
+ *   accumulated in registers;
  * - softmax: per row, the keys past its position masked out (and with them whatever the cache
- *   holds past the context), the running max and sum updated, the probabilities rounded to bf16
- *   pairs;
- * - values: two keys' rows are interleaved (vpunpck*wd) so that vdpbf16ps multiplies them by the
- *   pair of their probabilities; the float32 accumulators, kept in a per-thread buffer between
- *   groups, stay lane-permuted until the end of the item.
+ *   holds past the context), the running max and sum updated;
+ * - values: bf16: two keys' rows are interleaved (vpunpck*wd) so that vdpbf16ps multiplies them
+ *   by the pair of their probabilities, the float32 accumulators, kept in a per-thread buffer
+ *   between groups, lane-permuted until the end of the item; float32: each key's row read from
+ *   the cache, multiplied by a broadcast probability into rows x 32 dims of accumulators.
  *
  * Numerics, as PyTorch's CPU flash-attention kernel: q.k and the softmax in float32, the
- * probabilities rounded to bf16 for the weighted value sum, accumulated in float32; the output
- * rounded to bf16 once.
+ * probabilities rounded to the cache's type for the weighted value sum (bf16; float32: none),
+ * accumulated in float32; the output rounded to the cache's type once.
  *
- * Builds without AVX-512 BF16, and float32 builds, have the entry point but serve nothing
- * (`paged_prefill_attention_is_built` says so): the engine keeps PyTorch's attention there.
+ * bf16 builds without AVX-512 BF16 have the entry point but serve nothing
+ * (`paged_prefill_attention_is_built` says so): the engine keeps PyTorch's attention there
+ * (bf16 models run only on CPUs with native bf16 arithmetic anyway).
  */
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +47,12 @@
 #else
 #define PREFILL_DPBF16 0
 #endif
+#if defined(CACHET_ACTIVATION_FLOAT32)
+#define PREFILL_FLOAT32 1
+#else
+#define PREFILL_FLOAT32 0
+#endif
+#define PREFILL_BUILT (PREFILL_DPBF16 || PREFILL_FLOAT32)
 
 #define KEY_TILE 16
 #define TILES_PER_GROUP 4
@@ -52,9 +63,37 @@
  * per thread, enough that each group of keys transposed serves a few row blocks. */
 #define SHARED_PREFIX_SEQS_PER_ITEM 16
 
-int paged_prefill_attention_is_built(void) { return PREFILL_DPBF16; }
+int paged_prefill_attention_is_built(void) { return PREFILL_BUILT; }
+
+#if PREFILL_BUILT
+static inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+/* Where key `position` of KV head `kv_head` lies in a cache. */
+static inline int64_t cache_row(const int32_t *block_table, int64_t position, int64_t kv_head,
+                                int64_t num_kv_heads, int64_t block_size, int64_t head_dim) {
+    return ((block_table[position / block_size] * num_kv_heads + kv_head) * block_size +
+            position % block_size) *
+           head_dim;
+}
+
+/* One aligned allocation cut into `count` buffers of the given sizes (each 64-byte aligned);
+ * the block to free, or NULL without memory. */
+static void *alloc_buffers(const size_t *sizes, void ***fields, size_t count) {
+    size_t total = 0;
+    for (size_t i = 0; i < count; ++i) total += (size_t)round_up((int64_t)sizes[i], 64);
+    char *p = aligned_alloc(64, total);
+    if (!p) return NULL;
+    char *next = p;
+    for (size_t i = 0; i < count; ++i) {
+        *fields[i] = next;
+        next += round_up((int64_t)sizes[i], 64);
+    }
+    return p;
+}
+#endif
 
 #if PREFILL_DPBF16
+#define ROW_PAD ROW_BLOCK
 
 /* One thread's buffers, sized for items of up to `max_rows` rows. */
 typedef struct {
@@ -69,8 +108,6 @@ typedef struct {
     void *block;
 } Scratch;
 
-static inline int64_t round_up(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
-
 static int scratch_alloc(Scratch *s, int64_t max_rows, int64_t head_dim) {
     const int64_t half = head_dim / 2;
     const size_t sizes[] = {
@@ -79,28 +116,12 @@ static int scratch_alloc(Scratch *s, int64_t max_rows, int64_t head_dim) {
         (size_t)(TILES_PER_GROUP * half * KEY_TILE) * 4, (size_t)(KEY_GROUP / 2 * head_dim) * 4,
         (size_t)max_rows * 4, (size_t)max_rows * 4, (size_t)max_rows * 4, (size_t)max_rows * 8,
     };
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) total += round_up((int64_t)sizes[i], 64);
-    char *p = aligned_alloc(64, total);
-    if (!p) return -1;
-    s->block = p;
     void **fields[] = {(void **)&s->query_pairs, (void **)&s->scores,      (void **)&s->prob_pairs,
                        (void **)&s->acc,         (void **)&s->key_pairs,   (void **)&s->value_pairs,
                        (void **)&s->running_max, (void **)&s->running_sum, (void **)&s->correction,
                        (void **)&s->last_key};
-    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); ++i) {
-        *fields[i] = p;
-        p += round_up((int64_t)sizes[i], 64);
-    }
-    return 0;
-}
-
-/* Where key `position` of KV head `kv_head` lies in a cache. */
-static inline int64_t cache_row(const int32_t *block_table, int64_t position, int64_t kv_head,
-                                int64_t num_kv_heads, int64_t block_size, int64_t head_dim) {
-    return ((block_table[position / block_size] * num_kv_heads + kv_head) * block_size +
-            position % block_size) *
-           head_dim;
+    s->block = alloc_buffers(sizes, fields, sizeof(sizes) / sizeof(sizes[0]));
+    return s->block ? 0 : -1;
 }
 
 /*
@@ -304,16 +325,206 @@ static inline __attribute__((always_inline)) void attend_item(
     }
 }
 
-typedef void (*attend_item_fn)(const uint16_t *, int64_t, const uint16_t *, const uint16_t *,
+#elif PREFILL_FLOAT32
+/* Register blocking per level: score rows x tiles of 16 keys, and value rows (x 32 dims), in
+ * accumulators that fit the level's registers (a vf is one AVX-512 register, two AVX2 ones,
+ * four NEON ones). */
+#if CACHET_SIMD_AVX512
+#define SCORE_ROWS 4
+#define SCORE_TILES 4
+#define VALUE_ROWS 8
+#else
+#define SCORE_ROWS 2
+#define SCORE_TILES 2
+#define VALUE_ROWS 2
+#endif
+#define VALUE_VECTORS 2 /* 32 dims: head_dim is a multiple of 32 */
+#define ROW_PAD 8       /* a multiple of SCORE_ROWS and VALUE_ROWS */
+
+/* One thread's buffers, sized for items of up to `max_rows` rows. */
+typedef struct {
+    float *queries;   /* [rows][head_dim] */
+    float *scores;    /* [rows][KEY_GROUP]: scaled, then the probabilities */
+    float *acc;       /* [rows][head_dim] */
+    float *key_t;     /* [TILES_PER_GROUP][head_dim][KEY_TILE] */
+    float *running_max, *running_sum, *correction;
+    int64_t *last_key;      /* [rows]: the last key position each row attends; -1 for padding */
+    int64_t *value_offset;  /* [KEY_GROUP]: where each key of the group lies in the cache */
+    void *block;
+} Scratch;
+
+static int scratch_alloc(Scratch *s, int64_t max_rows, int64_t head_dim) {
+    const size_t sizes[] = {
+        (size_t)(max_rows * head_dim) * 4, (size_t)(max_rows * KEY_GROUP) * 4,
+        (size_t)(max_rows * head_dim) * 4, (size_t)(TILES_PER_GROUP * head_dim * KEY_TILE) * 4,
+        (size_t)max_rows * 4,              (size_t)max_rows * 4,
+        (size_t)max_rows * 4,              (size_t)max_rows * 8,
+        (size_t)KEY_GROUP * 8,
+    };
+    void **fields[] = {(void **)&s->queries,     (void **)&s->scores,
+                       (void **)&s->acc,         (void **)&s->key_t,
+                       (void **)&s->running_max, (void **)&s->running_sum,
+                       (void **)&s->correction,  (void **)&s->last_key,
+                       (void **)&s->value_offset};
+    s->block = alloc_buffers(sizes, fields, sizeof(sizes) / sizeof(sizes[0]));
+    return s->block ? 0 : -1;
+}
+
+/* As the bf16 attend_item above, in float32 with simd.h's vectors. */
+static inline __attribute__((always_inline)) void attend_item(
+    const float *q, int64_t q_stride, const float *k_cache, const float *v_cache,
+    const int32_t *block_table, const int32_t *positions, int64_t first_token, int64_t num_tokens,
+    int64_t kv_head, int64_t num_kv_heads, int64_t group, const int64_t head_dim,
+    int64_t block_size, float scale, float *out, float *out_f32, float *lse, int64_t out_stride,
+    Scratch *s) {
+    const int64_t num_rows = num_tokens * group;
+    const int64_t padded_rows = round_up(num_rows, ROW_PAD);
+
+    int64_t key_end = 0;
+    for (int64_t r = 0; r < padded_rows; ++r) {
+        float *row = s->queries + r * head_dim;
+        if (r < num_rows) {
+            const int64_t token = first_token + r / group, head = kv_head * group + r % group;
+            memcpy(row, q + token * q_stride + head * head_dim, (size_t)head_dim * 4);
+            s->last_key[r] = positions[token];
+            if (positions[token] + 1 > key_end) key_end = positions[token] + 1;
+        } else {
+            memset(row, 0, (size_t)head_dim * 4);
+            s->last_key[r] = -1;
+        }
+        s->running_max[r] = -INFINITY;
+        s->running_sum[r] = 0.0f;
+        s->correction[r] = 1.0f;
+        memset(s->acc + r * head_dim, 0, (size_t)head_dim * 4);
+        /* NOTE: padding rows keep zero probabilities: the value pass multiplies them too */
+        memset(s->scores + r * KEY_GROUP, 0, KEY_GROUP * 4);
+    }
+
+    for (int64_t group_start = 0; group_start < key_end; group_start += KEY_GROUP) {
+        const int64_t num_keys =
+            key_end - group_start < KEY_GROUP ? key_end - group_start : KEY_GROUP;
+
+        /* Keys transposed: key_t[tile][dim][key]; keys past key_end are zeros (the cache may
+         * hold NaN bits there). */
+        for (int64_t key = 0; key < KEY_GROUP; ++key) {
+            float *dst = s->key_t + (key / KEY_TILE) * head_dim * KEY_TILE + key % KEY_TILE;
+            if (key >= num_keys) {
+                for (int64_t d = 0; d < head_dim; ++d) dst[d * KEY_TILE] = 0.0f;
+                continue;
+            }
+            const int64_t offset = cache_row(block_table, group_start + key, kv_head,
+                                             num_kv_heads, block_size, head_dim);
+            s->value_offset[key] = offset;
+            const float *row = k_cache + offset;
+            for (int64_t d = 0; d < head_dim; ++d) dst[d * KEY_TILE] = row[d];
+        }
+
+        /* Scores: SCORE_ROWS rows x SCORE_TILES tiles of 16 keys at a time. */
+        for (int64_t r = 0; r < padded_rows; r += SCORE_ROWS)
+            for (int64_t tile = 0; tile < TILES_PER_GROUP; tile += SCORE_TILES) {
+                vf acc[SCORE_ROWS][SCORE_TILES];
+                for (int i = 0; i < SCORE_ROWS; ++i)
+                    for (int j = 0; j < SCORE_TILES; ++j) acc[i][j] = vf_zero();
+                const float *keys_of = s->key_t + tile * head_dim * KEY_TILE;
+                for (int64_t d = 0; d < head_dim; ++d) {
+                    vf keys[SCORE_TILES];
+                    for (int j = 0; j < SCORE_TILES; ++j)
+                        keys[j] = vf_load(keys_of + (j * head_dim + d) * KEY_TILE);
+                    for (int i = 0; i < SCORE_ROWS; ++i) {
+                        const vf query = vf_set1(s->queries[(r + i) * head_dim + d]);
+                        for (int j = 0; j < SCORE_TILES; ++j)
+                            acc[i][j] = vf_fmadd(query, keys[j], acc[i][j]);
+                    }
+                }
+                for (int i = 0; i < SCORE_ROWS; ++i)
+                    for (int j = 0; j < SCORE_TILES; ++j)
+                        vf_store(s->scores + (r + i) * KEY_GROUP + (tile + j) * KEY_TILE,
+                                 vf_mul(acc[i][j], vf_set1(scale)));
+            }
+
+        /* Online softmax, row by row: the scores become probabilities in place. */
+        for (int64_t r = 0; r < num_rows; ++r) {
+            const int64_t last = s->last_key[r] - group_start; /* keys [0, last] of the group */
+            float *scores = s->scores + r * KEY_GROUP;
+            if (last < 0) { /* the row's queries end before this group */
+                memset(scores, 0, KEY_GROUP * 4);
+                s->correction[r] = 1.0f;
+                continue;
+            }
+            const int64_t num_valid = last + 1 < KEY_GROUP ? last + 1 : KEY_GROUP;
+            for (int64_t key = num_valid; key < KEY_GROUP; ++key) scores[key] = -INFINITY;
+            vf top = vf_load(scores);
+            for (int64_t j = 1; j < TILES_PER_GROUP; ++j)
+                top = vf_max(top, vf_load(scores + j * KEY_TILE));
+            const float group_max = vf_reduce_max(top);
+            const float old_max = s->running_max[r];
+            const float new_max = group_max > old_max ? group_max : old_max;
+            const float correction = old_max == -INFINITY ? 0.0f : expf(old_max - new_max);
+            for (int64_t j = 0; j < TILES_PER_GROUP; ++j)
+                vf_store(scores + j * KEY_TILE,
+                         vf_exp(vf_sub(vf_load(scores + j * KEY_TILE), vf_set1(new_max))));
+            /* NOTE: vf_exp clamps its argument, so masked keys are zeroed, not exp(-inf) */
+            for (int64_t key = num_valid; key < KEY_GROUP; ++key) scores[key] = 0.0f;
+            vf sum = vf_zero();
+            for (int64_t j = 0; j < TILES_PER_GROUP; ++j)
+                sum = vf_add(sum, vf_load(scores + j * KEY_TILE));
+            s->running_sum[r] = s->running_sum[r] * correction + vf_reduce_add(sum);
+            s->running_max[r] = new_max;
+            s->correction[r] = correction;
+        }
+
+        /* Weighted values: VALUE_ROWS rows x 32 dims at a time, over the group's keys (never
+         * past key_end: 0 x a cache's NaN is NaN). */
+        for (int64_t r = 0; r < padded_rows; r += VALUE_ROWS)
+            for (int64_t d = 0; d < head_dim; d += VALUE_VECTORS * VF_LANES) {
+                vf acc[VALUE_ROWS][VALUE_VECTORS];
+                for (int i = 0; i < VALUE_ROWS; ++i) {
+                    const vf c = vf_set1(s->correction[r + i]);
+                    for (int v = 0; v < VALUE_VECTORS; ++v)
+                        acc[i][v] =
+                            vf_mul(vf_load(s->acc + (r + i) * head_dim + d + v * VF_LANES), c);
+                }
+                for (int64_t key = 0; key < num_keys; ++key) {
+                    const float *values = v_cache + s->value_offset[key] + d;
+                    vf value[VALUE_VECTORS];
+                    for (int v = 0; v < VALUE_VECTORS; ++v)
+                        value[v] = vf_load(values + v * VF_LANES);
+                    for (int i = 0; i < VALUE_ROWS; ++i) {
+                        const vf p = vf_set1(s->scores[(r + i) * KEY_GROUP + key]);
+                        for (int v = 0; v < VALUE_VECTORS; ++v)
+                            acc[i][v] = vf_fmadd(p, value[v], acc[i][v]);
+                    }
+                }
+                for (int i = 0; i < VALUE_ROWS; ++i)
+                    for (int v = 0; v < VALUE_VECTORS; ++v)
+                        vf_store(s->acc + (r + i) * head_dim + d + v * VF_LANES, acc[i][v]);
+            }
+    }
+
+    for (int64_t r = 0; r < num_rows; ++r) {
+        const int64_t token = first_token + r / group, head = kv_head * group + r % group;
+        const vf inverse = vf_set1(1.0f / s->running_sum[r]);
+        const float *acc = s->acc + r * head_dim;
+        float *dst = (out_f32 ? out_f32 : out) + token * out_stride + head * head_dim;
+        for (int64_t d = 0; d < head_dim; d += VF_LANES)
+            vf_store(dst + d, vf_mul(vf_load(acc + d), inverse));
+        if (out_f32)
+            lse[token * num_kv_heads * group + head] = s->running_max[r] + logf(s->running_sum[r]);
+    }
+}
+#endif
+
+#if PREFILL_BUILT
+typedef void (*attend_item_fn)(const act_t *, int64_t, const act_t *, const act_t *,
                                const int32_t *, const int32_t *, int64_t, int64_t, int64_t,
-                               int64_t, int64_t, int64_t, int64_t, float, uint16_t *, float *,
+                               int64_t, int64_t, int64_t, int64_t, float, act_t *, float *,
                                float *, int64_t, Scratch *);
 
 #define ATTEND_ITEM_INSTANCE(NAME, HEAD_DIM)                                                    \
-    static void NAME(const uint16_t *q, int64_t q_stride, const uint16_t *k, const uint16_t *v, \
+    static void NAME(const act_t *q, int64_t q_stride, const act_t *k, const act_t *v, \
                      const int32_t *table, const int32_t *positions, int64_t first,             \
                      int64_t count, int64_t kv_head, int64_t num_kv_heads, int64_t group,        \
-                     int64_t head_dim, int64_t block_size, float scale, uint16_t *out,           \
+                     int64_t head_dim, int64_t block_size, float scale, act_t *out,           \
                      float *out_f32, float *lse, int64_t out_stride, Scratch *s) {              \
         (void)head_dim;                                                                         \
         attend_item(q, q_stride, k, v, table, positions, first, count, kv_head, num_kv_heads,   \
@@ -322,11 +533,11 @@ typedef void (*attend_item_fn)(const uint16_t *, int64_t, const uint16_t *, cons
 ATTEND_ITEM_INSTANCE(attend_item_64, 64)
 ATTEND_ITEM_INSTANCE(attend_item_128, 128)
 
-static void attend_item_generic(const uint16_t *q, int64_t q_stride, const uint16_t *k,
-                                const uint16_t *v, const int32_t *table, const int32_t *positions,
+static void attend_item_generic(const act_t *q, int64_t q_stride, const act_t *k,
+                                const act_t *v, const int32_t *table, const int32_t *positions,
                                 int64_t first, int64_t count, int64_t kv_head, int64_t num_kv_heads,
                                 int64_t group, int64_t head_dim, int64_t block_size, float scale,
-                                uint16_t *out, float *out_f32, float *lse, int64_t out_stride,
+                                act_t *out, float *out_f32, float *lse, int64_t out_stride,
                                 Scratch *s) {
     attend_item(q, q_stride, k, v, table, positions, first, count, kv_head, num_kv_heads, group,
                 head_dim, block_size, scale, out, out_f32, lse, out_stride, s);
@@ -348,7 +559,7 @@ static int attend_items(const act_t *q, int64_t q_stride, const act_t *k_cache,
                                                     : attend_item_generic;
     const int64_t num_runs = (num_tokens + tokens_per_item - 1) / tokens_per_item;
     const int64_t num_items = num_runs * num_kv_heads;
-    const int64_t max_rows = round_up(tokens_per_item * group, ROW_BLOCK);
+    const int64_t max_rows = round_up(tokens_per_item * group, ROW_PAD);
     int failed = 0;
 #pragma omp parallel num_threads(num_threads) reduction(| : failed)
     {
@@ -365,10 +576,9 @@ static int attend_items(const act_t *q, int64_t q_stride, const act_t *k_cache,
             const int64_t first = run * tokens_per_item;
             const int64_t count =
                 num_tokens - first < tokens_per_item ? num_tokens - first : tokens_per_item;
-            attend((const uint16_t *)q, q_stride, (const uint16_t *)k_cache,
-                   (const uint16_t *)v_cache, block_table, positions, first, count,
-                   item % num_kv_heads, num_kv_heads, group, head_dim, block_size, scale,
-                   (uint16_t *)out, out_f32, lse, out_stride, &scratch);
+            attend(q, q_stride, k_cache, v_cache, block_table, positions, first, count,
+                   item % num_kv_heads, num_kv_heads, group, head_dim, block_size, scale, out,
+                   out_f32, lse, out_stride, &scratch);
         }
         if (has_scratch) free(scratch.block);
     }
@@ -393,7 +603,7 @@ int paged_prefill_attention(const act_t *q, int64_t q_stride, const act_t *k_cac
                             int64_t group, int64_t head_dim, int64_t block_size, float scale,
                             int64_t tokens_per_item, act_t *out, int64_t out_stride,
                             int num_threads) {
-#if PREFILL_DPBF16
+#if PREFILL_BUILT
     return attend_items(q, q_stride, k_cache, v_cache, block_table, positions, num_tokens,
                         num_kv_heads, group, head_dim, block_size, scale, tokens_per_item, out,
                         NULL, NULL, out_stride, num_threads);
@@ -419,7 +629,7 @@ int paged_shared_prefix_attention(const act_t *q, int64_t q_stride, const act_t 
                                   int64_t num_kv_heads, int64_t group, int64_t head_dim,
                                   int64_t block_size, float scale, float *out, float *lse,
                                   int num_threads) {
-#if PREFILL_DPBF16
+#if PREFILL_BUILT
     if (num_shared_tokens < 1 || num_seqs < 1) return -1;
     int32_t *positions = malloc(sizeof(int32_t) * (size_t)num_seqs);
     if (!positions) return -2;

@@ -6,7 +6,7 @@
  *   kernel_driver KERNEL DIR [NAME=VALUE ...]
  *
  * KERNEL: rms_norm, silu_and_mul, rotary_store, int4_linear, int4_dequantize, int8_linear,
- * int8_dequantize, paged_decode_attention or decode_layers. NAME=VALUE: the kernel's sizes and
+ * int8_dequantize, paged_decode_attention, paged_prefill_attention or decode_layers. NAME=VALUE: the kernel's sizes and
  * float parameters (C syntax: strtod, so Python's float.hex() passes a value exactly) and
  * `threads`.
  *
@@ -301,6 +301,29 @@ static int run_paged_decode_attention(int threads) {
     return status;
 }
 
+static int run_paged_prefill_attention(int threads) {
+    const int64_t num_tokens = size_arg("num_tokens"), num_kv_heads = size_arg("num_kv_heads");
+    const int64_t group = size_arg("group"), head_dim = size_arg("head_dim");
+    const int64_t block_size = size_arg("block_size"), num_blocks = size_arg("num_blocks");
+    const int64_t table_len = size_arg("table_len");
+    const int64_t cache = num_blocks * num_kv_heads * block_size * head_dim;
+    const int64_t token_stride = num_kv_heads * group * head_dim;
+    const act_t *q = need("q", acts(num_tokens * token_stride));
+    const act_t *k_cache = need("k_cache", acts(cache));
+    const act_t *v_cache = need("v_cache", acts(cache));
+    const int32_t *block_table = need("block_table", sizeof(int32_t) * table_len);
+    const int32_t *positions = need("positions", sizeof(int32_t) * num_tokens);
+    check_indices_32(block_table, table_len, num_blocks, "block_table");
+    check_indices_32(positions, num_tokens, table_len * block_size, "positions");
+    act_t *out = fresh(acts(num_tokens * token_stride));
+    const int status = paged_prefill_attention(
+        q, token_stride, k_cache, v_cache, block_table, positions, num_tokens, num_kv_heads, group,
+        head_dim, block_size, float_arg("scale"), size_arg("tokens_per_item"), out, token_stride,
+        threads);
+    put("out", out, acts(num_tokens * token_stride));
+    return status;
+}
+
 /* The linear layer LAYER.NAME: int4 when its NAME.zero_points file exists, int8 otherwise. */
 static linear_desc linear_layer_desc(const char *layer, const char *name, int64_t out_features,
                                      int64_t in_features, int64_t group_size) {
@@ -427,6 +450,8 @@ int main(int argc, char **argv) {
         status = run_int8_linear(threads);
     else if (!strcmp(kernel, "paged_decode_attention"))
         status = run_paged_decode_attention(threads);
+    else if (!strcmp(kernel, "paged_prefill_attention"))
+        status = run_paged_prefill_attention(threads);
     else if (!strcmp(kernel, "decode_layers"))
         status = run_decode_layers(threads);
     else
