@@ -152,8 +152,8 @@ class EngineConfig:
     # paged cache holds it, with the native kernel (kernels/paged_prefill_attention.py: bf16 on
     # CPUs with AVX-512 BF16, float32 on every CPU the kernels build for; elsewhere PyTorch's
     # path, with a log line); "pytorch" gathers the context for PyTorch's flash attention;
-    # "auto" is native where the kernel runs, but for bf16 on CPUs with AMX (PyTorch's kernel
-    # multiplies on AMX tiles there).
+    # "auto" is native where the kernel runs and was measured faster: bf16 on CPUs without AMX
+    # (PyTorch's kernel multiplies on AMX tiles there), float32 on AVX-512 CPUs.
     prefill_attention: str = "auto"
 
     def __post_init__(self) -> None:

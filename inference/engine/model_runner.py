@@ -350,8 +350,8 @@ class ModelRunner:
     def _uses_prefill_kernel(setting: str, dtype: torch.dtype, *, can_run: bool) -> bool:
         """Whether prefill chunks attend through the native kernel (`prefill_attention`):
         "auto" where it runs and beats PyTorch's flash attention (bf16 on AVX-512 BF16 without
-        AMX, where PyTorch's runs at a third of the GEMM rate; float32 everywhere), "native"
-        wherever it runs."""
+        AMX, where PyTorch's runs at a third of the GEMM rate; float32 on AVX-512: the kernel's
+        `is_preferred`), "native" wherever it runs."""
         if setting == "pytorch":
             return False
         if setting == "native" and not can_run:
