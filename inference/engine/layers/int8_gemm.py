@@ -35,10 +35,13 @@ from inference.engine.kernels import int8_gemm as native_int8_gemm
 OUTLIER_RATIO = 6.0
 # At most this share of the inputs goes through the float product: the largest columns.
 MAX_OUTLIER_SHARE = 1 / 32
-# NOTE: tokens per integer GEMM: a 768-token step of the 1.5B's gate_up in one GEMM made int32
-# and float32 temporaries of 55 MB each, and scaling them back cost as much as the GEMM
-# (62 ms against 41 in blocks of 128, measured side by side on Zen 5).
-ROWS_PER_GEMM = 128
+# NOTE: tokens per integer GEMM. Scaling the int32 sums back once cost as much as the GEMM
+# (a 768-token gate_up of the 1.5B in one GEMM: 62 ms against 41 in blocks of 128, Zen 5),
+# hence blocks; since the sums are scaled natively into the result (scale_sums out=), larger
+# blocks win: 4 of the 1.5B's layers (16 matmuls with their codes made per step) on a
+# 512-token step took 420 / 399 / 354 ms in blocks of 128 / 256 / 512 (Zen 4, interleaved
+# medians of 7), and its 32-stream load's 512-token steps 3.6-3.9 s against 3.36 s.
+ROWS_PER_GEMM = 512
 INT8_MAX = 127
 # NOTE: a row of zeros (padding rows are) gets this peak: small enough for any real row, large
 # enough that the reciprocal of its scale stays finite (the codes are then 0, not 0 x inf).
