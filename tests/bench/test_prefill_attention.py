@@ -42,7 +42,9 @@ def test_the_smoke_run_times_each_way_and_reports_the_speedup(capsys, dtype) -> 
     assert (row["cached"], row["queries"]) == (SMOKE_CHUNKS[0].num_cached, 24)
     for way in ("kernel", "pytorch"):
         assert row[f"{way}_ms"] > 0 and row[f"{way}_gflop_s"] > 0
-    assert row["speedup"] == pytest.approx(row["pytorch_ms"] / row["kernel_ms"], rel=0.01)
+    # the ratio of the reported times, to the 2 decimals it is given in (a loaded machine can
+    # make it small, where 1% would be finer than its rounding)
+    assert row["speedup"] == pytest.approx(row["pytorch_ms"] / row["kernel_ms"], abs=0.005)
     assert "prompts" not in report
     table = format_table(report)
     assert "| smollm2-135m (9, 3, 64) | new turn | 40 + 24 |" in table

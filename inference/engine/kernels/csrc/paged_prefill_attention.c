@@ -90,6 +90,36 @@ static void *alloc_buffers(const size_t *sizes, void ***fields, size_t count) {
     }
     return p;
 }
+
+/* An item's rows before its first group of keys: row r (token first_token + r / group, query
+ * head kv_head * group + r % group) gets its query copied into `queries` (head_dim values of
+ * act_t a row; zeros for the padding rows past num_rows), the last key position it attends
+ * (-1 for padding) and a fresh online softmax (max, sum, correction, zeroed accumulators).
+ * Returns one past the last key any row attends. */
+static int64_t start_rows(const act_t *q, int64_t q_stride, const int32_t *positions,
+                          int64_t first_token, int64_t num_rows, int64_t padded_rows,
+                          int64_t group, int64_t kv_head, int64_t head_dim, act_t *queries,
+                          int64_t *last_key, float *running_max, float *running_sum,
+                          float *correction, float *acc) {
+    int64_t key_end = 0;
+    for (int64_t r = 0; r < padded_rows; ++r) {
+        act_t *row = queries + r * head_dim;
+        if (r < num_rows) {
+            const int64_t token = first_token + r / group, head = kv_head * group + r % group;
+            memcpy(row, q + token * q_stride + head * head_dim, sizeof(act_t) * head_dim);
+            last_key[r] = positions[token];
+            if (positions[token] + 1 > key_end) key_end = positions[token] + 1;
+        } else {
+            memset(row, 0, sizeof(act_t) * head_dim);
+            last_key[r] = -1;
+        }
+        running_max[r] = -INFINITY;
+        running_sum[r] = 0.0f;
+        correction[r] = 1.0f;
+        memset(acc + r * head_dim, 0, sizeof(float) * head_dim);
+    }
+    return key_end;
+}
 #endif
 
 #if PREFILL_DPBF16
@@ -144,24 +174,11 @@ static inline __attribute__((always_inline)) void attend_item(
     /* Rows multiplied together in the value pass: 16 accumulators in registers. */
     const int64_t value_rows = head_dim <= 64 ? 4 : head_dim <= 128 ? 2 : 1;
 
-    int64_t key_end = 0;
-    for (int64_t r = 0; r < padded_rows; ++r) {
-        uint32_t *pairs = s->query_pairs + r * half;
-        if (r < num_rows) {
-            const int64_t token = first_token + r / group, head = kv_head * group + r % group;
-            memcpy(pairs, q + token * q_stride + head * head_dim, (size_t)head_dim * 2);
-            s->last_key[r] = positions[token];
-            if (positions[token] + 1 > key_end) key_end = positions[token] + 1;
-        } else {
-            memset(pairs, 0, (size_t)head_dim * 2);
-            s->last_key[r] = -1;
-        }
-        s->running_max[r] = -INFINITY;
-        s->running_sum[r] = 0.0f;
-        s->correction[r] = 1.0f;
-        memset(s->acc + r * head_dim, 0, (size_t)head_dim * 4);
-        memset(s->prob_pairs + r * (KEY_GROUP / 2), 0, KEY_GROUP / 2 * 4);
-    }
+    const int64_t key_end = start_rows(
+        q, q_stride, positions, first_token, num_rows, padded_rows, group, kv_head, head_dim,
+        (act_t *)s->query_pairs, s->last_key, s->running_max, s->running_sum, s->correction,
+        s->acc);
+    memset(s->prob_pairs, 0, sizeof(uint32_t) * padded_rows * (KEY_GROUP / 2));
 
     for (int64_t group_start = 0; group_start < key_end; group_start += KEY_GROUP) {
         const int64_t num_keys =
@@ -380,25 +397,11 @@ static inline __attribute__((always_inline)) void attend_item(
     const int64_t num_rows = num_tokens * group;
     const int64_t padded_rows = round_up(num_rows, ROW_PAD);
 
-    int64_t key_end = 0;
-    for (int64_t r = 0; r < padded_rows; ++r) {
-        float *row = s->queries + r * head_dim;
-        if (r < num_rows) {
-            const int64_t token = first_token + r / group, head = kv_head * group + r % group;
-            memcpy(row, q + token * q_stride + head * head_dim, (size_t)head_dim * 4);
-            s->last_key[r] = positions[token];
-            if (positions[token] + 1 > key_end) key_end = positions[token] + 1;
-        } else {
-            memset(row, 0, (size_t)head_dim * 4);
-            s->last_key[r] = -1;
-        }
-        s->running_max[r] = -INFINITY;
-        s->running_sum[r] = 0.0f;
-        s->correction[r] = 1.0f;
-        memset(s->acc + r * head_dim, 0, (size_t)head_dim * 4);
-        /* NOTE: padding rows keep zero probabilities: the value pass multiplies them too */
-        memset(s->scores + r * KEY_GROUP, 0, KEY_GROUP * 4);
-    }
+    const int64_t key_end = start_rows(q, q_stride, positions, first_token, num_rows, padded_rows,
+                                       group, kv_head, head_dim, s->queries, s->last_key,
+                                       s->running_max, s->running_sum, s->correction, s->acc);
+    /* NOTE: padding rows keep zero probabilities: the value pass multiplies them too */
+    memset(s->scores, 0, sizeof(float) * padded_rows * KEY_GROUP);
 
     for (int64_t group_start = 0; group_start < key_end; group_start += KEY_GROUP) {
         const int64_t num_keys =
