@@ -186,9 +186,12 @@ def test_a_search_over_everything_scans_the_hnsw_index_and_a_narrow_filter_reads
         store.exact_rows = 100  # fewer than one collection's chunks: left to the index
         assert not store.reads_exactly(cursor, [collections[0].pk])
         store.exact_rows = EXACT_ROWS
-    # NOTE: 9 near copies of the query's chunk make its top 10 stand above random directions,
-    # whose near-ties a graph search may order otherwise (it found 8 of 10 once).
-    near = vectors[5] + 0.5 * rng.standard_normal((9, store.dimension)).astype(np.float32)
+    # NOTE: 9 near copies of the query's chunk (noise of norm 0.5: cosine ~0.9 to it) make its
+    # top 10 stand far above random directions (cosine ~0.05 apart), whose near-ties a graph
+    # search may order otherwise (it found 8 of 10 once); noise per dimension of 0.5 instead
+    # of 0.5 in all left the copies as far as random ones, and it found 8 again.
+    noise = rng.standard_normal((9, store.dimension)).astype(np.float32)
+    near = vectors[5] + 0.5 / np.sqrt(store.dimension) * noise
     vectors[6:15] = near / np.linalg.norm(near, axis=1, keepdims=True)
     store.replace(ids[6:15].tolist(), ids[6:15].tolist(), vectors[6:15])
     query = vectors[5] + 0.05 * rng.standard_normal(store.dimension).astype(np.float32)
