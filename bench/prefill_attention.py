@@ -39,7 +39,6 @@ from bench.quantized_matmul import time_call
 from harness import CannotRunError, cpu_name, rounded, run_cli
 
 WAYS = ("kernel", "pytorch")
-DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 BLOCK_SIZE = 16
 MIN_SECONDS = 0.3
 
@@ -237,12 +236,10 @@ def measure_shared_prefix_decodes(engine, workload, seeds, streams: int) -> dict
 
 def run_benchmark(
     *, shapes: dict, chunks: tuple[Chunk, ...], min_seconds: float, model: str | None,
-    models_dir: Path, repeats: int, streams: int = 32, dtype: torch.dtype | None = None,
+    models_dir: Path, repeats: int, dtype: torch.dtype, streams: int = 32,
 ) -> dict:  # fmt: skip
-    from inference.engine.config import resolve_auto_dtype
     from inference.engine.kernels import isa_level, paged_prefill_attention
 
-    dtype = dtype or resolve_auto_dtype()
     if not paged_prefill_attention.is_supported(dtype, torch.device("cpu"), 9, 3, 64):
         raise CannotRunError(f"the native prefill kernel does not serve {dtype} on this CPU")
     level = isa_level()
@@ -309,11 +306,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3, help="requests per TTFT median")
     parser.add_argument("--streams", type=int, default=32, help="requests at once (decodes)")
     parser.add_argument(
-        "--dtype", choices=DTYPES, help="caches and model (default: the engine's on this CPU)"
+        "--dtype",
+        choices=("auto", "bfloat16", "float32"),
+        default="auto",
+        help="caches and model (auto: the engine's on this CPU)",
     )
     args = parser.parse_args(argv)
 
     def run() -> dict:
+        from inference.engine import parse_dtype
+
         return run_benchmark(
             shapes=SMOKE_SHAPES if args.smoke else SHAPES,
             chunks=SMOKE_CHUNKS if args.smoke else CHUNKS,
@@ -322,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
             models_dir=args.models_dir,
             repeats=args.repeats,
             streams=args.streams,
-            dtype=DTYPES.get(args.dtype) if args.dtype else None,
+            dtype=parse_dtype(args.dtype),
         )
 
     return run_cli(run, as_json=args.json, format_report=format_table)

@@ -10,11 +10,7 @@ import torch
 
 from bench.prefill_attention import SMOKE_CHUNKS, SMOKE_SHAPES, attention_calls, format_table, main
 from inference.engine.kernels import paged_prefill_attention
-
-TOLERANCE = {
-    torch.bfloat16: {"atol": 4e-3, "rtol": 2**-6},
-    torch.float32: {"atol": 1e-5, "rtol": 1e-4},
-}
+from tests.engine.kernels.test_paged_prefill_attention import close
 
 
 @pytest.fixture(params=[torch.bfloat16, torch.float32], ids=["bf16", "float32"])
@@ -30,7 +26,7 @@ def test_both_ways_compute_the_same_attention(dtype) -> None:
     calls = attention_calls(shape, chunk, dtype)
     kernel, pytorch = calls["kernel"](), calls["pytorch"]()
     assert kernel.dtype == pytorch.dtype == dtype
-    assert torch.allclose(kernel.float(), pytorch.float(), **TOLERANCE[dtype])
+    assert close(kernel, pytorch)
 
 
 def test_the_smoke_run_times_each_way_and_reports_the_speedup(capsys, dtype) -> None:

@@ -98,7 +98,7 @@ def is_preferred(dtype: torch.dtype) -> bool:
     chunks and lost new turns), so PyTorch's path stays there unless asked for."""
     if dtype == torch.float32:
         level = isa_level()
-        return level is not None and level.name.startswith("avx512")
+        return level is not None and "avx512f" in level.required_cpu_flags
     return not has_amx()
 
 
