@@ -145,8 +145,7 @@ class EngineConfig:
     # memory: the 1.5B's 3.3 GiB); "int8" runs those steps as one integer GEMM on the CPU's
     # int8 dot products (layers/int8_gemm.py), on codes made for each step (kept, a byte a
     # weight, where no native kernel makes them); "quantized" dequantizes; "auto": dense on CPUs
-    # with AMX (bf16) where the copy fits, int8 on other CPUs with VNNI for models at least
-    # 1,024 wide (model_runner.INT8_CODES_MIN_HIDDEN_SIZE), else quantized.
+    # with AMX (bf16) where the copy fits, int8 on other CPUs with VNNI, else quantized.
     prefill_weights: str = "auto"
     # Prefill chunks' attention (model_runner.py): "native" reads each chunk's context where the
     # paged cache holds it, with the native kernel (kernels/paged_prefill_attention.py: bf16 on

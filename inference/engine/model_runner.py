@@ -69,25 +69,20 @@ def dense_kernel_token_limit() -> int:
     return DENSE_AMX_KERNEL_TOKENS if kernels.has_amx() else DENSE_KERNEL_TOKENS
 
 
-# `auto` takes int8 codes (VNNI, no AMX) for models at least this wide. Via the API on Zen 4
-# (bench.serving_sweep, 32 concurrent RAG chats) they made the 1.5B (1,536 wide) 1.22x faster
-# (18.0 -> 22.0 tok/s) but SmolLM2-135M (576 wide) 0.84x (120.7 -> 101.3): on narrow layers
-# the GEMM is small next to what every layer's step pays around it (coding the activations,
-# finding outlier columns, making the codes).
-INT8_CODES_MIN_HIDDEN_SIZE = 1024
-
-
-def auto_prefill_weights(dtype: torch.dtype, hidden_size: int) -> str:
-    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype` of `hidden_size`:
-    "dense" with AMX in bf16, "int8" (codes made per step) on other CPUs with int8 dot products
-    (VNNI) for models at least `INT8_CODES_MIN_HIDDEN_SIZE` wide, else "quantized".
+def auto_prefill_weights(dtype: torch.dtype) -> str:
+    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: "dense" with AMX
+    in bf16, "int8" (codes made per step) on other CPUs with int8 dot products (VNNI), else
+    "quantized".
 
     NOTE: with AMX the bf16 GEMM is as fast as the int8 one (README, "Prefill weights"). With
     VNNI and no AMX the int8 GEMM runs at about twice the bf16 one, and the codes made per step
-    cost no memory."""
+    cost no memory. Narrow models gain too since the GEMM runs in blocks of 512 tokens
+    (layers/int8_gemm.ROWS_PER_GEMM): via the API on Zen 4 (bench.serving_sweep, 32 concurrent
+    RAG chats) SmolLM2-135M (576 wide) ran 1.09x quantized's speed (126.9 -> 138.5 tok/s), where
+    blocks of 128 had made it 0.84x."""
     if kernels.has_amx() and dtype == torch.bfloat16:
         return "dense"
-    if kernels.has_int8_dot_products() and hidden_size >= INT8_CODES_MIN_HIDDEN_SIZE:
+    if kernels.has_int8_dot_products():
         return "int8"
     return "quantized"
 
@@ -379,7 +374,7 @@ class ModelRunner:
         keep the fused call there, and prefill steps need a few rows of logits."""
         is_auto = setting == "auto"
         if is_auto:
-            setting = auto_prefill_weights(self.dtype, self.model.args.hidden_size)
+            setting = auto_prefill_weights(self.dtype)
         if setting == "quantized" or self.device.type != "cpu":
             return "quantized", 0
         skip = (self.model.lm_head,) if setting == "int8" else ()

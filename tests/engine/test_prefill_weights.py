@@ -21,11 +21,9 @@ from inference.engine.kernels import has_amx, has_int8_dot_products
 from inference.engine.layers.quantization import QuantizedLinear
 from inference.engine.model_runner import (
     DENSE_AMX_KERNEL_TOKENS,
-    INT8_CODES_MIN_HIDDEN_SIZE,
     INT8_CODES_PER_STEP_KERNEL_TOKENS,
     INT8_GEMM_KERNEL_TOKENS,
     ModelRunner,
-    auto_prefill_weights,
     dense_kernel_token_limit,
 )
 from tests.engine.real_model import RealEngines, chat
@@ -197,23 +195,11 @@ def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies
 
 
 def test_auto_keeps_dense_copies_only_for_bf16_on_cpus_with_amx(chat_model_dir) -> None:
-    """SmolLM2 (576 wide) is too narrow for int8 codes under auto: they made it slower."""
     runner = quantized_runner(chat_model_dir, "bfloat16", "auto")
-    assert runner.model.args.hidden_size < INT8_CODES_MIN_HIDDEN_SIZE
-    assert runner.prefill_weights == ("dense" if has_amx() else "quantized")
-    assert (runner.prefill_weight_bytes > 0) == has_amx()
-    assert quantized_runner(chat_model_dir, "float32", "auto").prefill_weights == "quantized"
-
-
-@pytest.mark.parametrize("hidden_size", [INT8_CODES_MIN_HIDDEN_SIZE, 576])
-def test_auto_makes_int8_codes_per_step_for_wide_models_on_cpus_with_vnni_and_no_amx(
-    hidden_size,
-) -> None:
-    chosen = auto_prefill_weights(torch.float32, hidden_size)
-    wide_enough = hidden_size >= INT8_CODES_MIN_HIDDEN_SIZE
-    assert chosen == ("int8" if has_int8_dot_products() and wide_enough else "quantized")
-    with_amx = auto_prefill_weights(torch.bfloat16, hidden_size)
-    assert with_amx == ("dense" if has_amx() else chosen)
+    without_amx = "int8" if has_int8_dot_products() else "quantized"
+    assert runner.prefill_weights == ("dense" if has_amx() else without_amx)
+    assert (runner.prefill_weight_bytes > 0) == has_amx()  # int8 codes are made per step
+    assert quantized_runner(chat_model_dir, "float32", "auto").prefill_weights == without_amx
 
 
 def test_int8_codes_made_per_step_multiply_as_the_codes_kept(chat_model_dir) -> None:
