@@ -14,12 +14,14 @@ One engine, chunk-KV reuse on, two cache salts so that neither mode sees the oth
   that gets busier slows both alike: the TTFT ratio is the median of the per-question ratios.
 
 Reported: TTFT p50/mean per mode, the ratio, F1 / exact match (SQuAD normalisation,
-evals/answer_metrics.py) per mode and their difference, the share of prompt tokens computed
-(the rest came from the prefix cache or reused passages), and the KV bytes a passage token
-takes (memory; the same on disk with the disk tier).
+evals/answer_metrics.py) per mode and their difference with its 95% paired-bootstrap interval
+(bench/paired_bootstrap.py; each question's F1 too, so that runs can be pooled), the share of
+prompt tokens computed (the rest came from the prefix cache or reused passages), and the KV
+bytes a passage token takes (memory; the same on disk with the disk tier).
 
     python -m bench.chunk_reuse                      # the default model, 50 questions
     python -m bench.chunk_reuse --recompute-tokens 32 --json
+    python -m bench.chunk_reuse --questions 150 --skip-questions 50   # 150 more questions
     python -m bench.chunk_reuse --squad-dir eval/debian-reference-zh   # the Chinese set
     python -m bench.chunk_reuse --smoke              # the bundled model, 4 questions: a minute
 """
@@ -39,6 +41,7 @@ from bench.answer_quality import (
     scratch_site,
     short_answer_builder,
 )
+from bench.paired_bootstrap import paired_difference_interval
 from bench.retrieval import percentiles
 from bench.squad_questions import DEFAULT_SQUAD_DIR, SquadDataError, load_passages, load_questions
 from evals.answer_metrics import is_chinese, score_answer, score_chinese_answer
@@ -130,6 +133,7 @@ def measure(engine, questions, prompts) -> dict:
             "mean_computed_tokens": rounded(statistics.fmean(computed), 1),
             "mean_reused_tokens": rounded(statistics.fmean(r["reused_tokens"] for r in mode_rows)),
             "answers": [r["answer"] for r in mode_rows],
+            "f1_per_question": [rounded(r["f1"]) for r in mode_rows],  # to pool runs
         }
     ratios = [
         full["ttft_s"] / reuse["ttft_s"]
@@ -138,6 +142,12 @@ def measure(engine, questions, prompts) -> dict:
     ]
     report["ttft_ratio_full_over_reuse"] = rounded(statistics.median(ratios), 2)
     report["f1_difference"] = rounded(report["reuse"]["f1"] - report["full"]["f1"])
+    report["f1_difference_ci95"] = [
+        rounded(bound)
+        for bound in paired_difference_interval(
+            [r["f1"] for r in rows["full"]], [r["f1"] for r in rows["reuse"]]
+        )
+    ]
     report["computed_share"] = {
         mode: rounded(report[mode]["mean_computed_tokens"] / report[mode]["mean_prompt_tokens"])
         for mode in MODES
@@ -145,15 +155,16 @@ def measure(engine, questions, prompts) -> dict:
     return report
 
 
-def load_eval_set(directory: Path, limit: int) -> tuple[list, list]:
-    """The questions (with answers) and the corpus: squad-dev, or a BEIR-layout set whose
-    answers.jsonl covers only some questions (the Chinese set: its answered ones)."""
+def load_eval_set(directory: Path, limit: int, skip: int = 0) -> tuple[list, list]:
+    """`limit` questions (with answers) after the first `skip`, and the corpus: squad-dev, or a
+    BEIR-layout set whose answers.jsonl covers only some questions (the Chinese set: its
+    answered ones)."""
     from bench.answer_language import load_corpus, load_set
 
     try:
-        return load_questions(directory, limit), load_passages(directory)
+        return load_questions(directory, skip + limit)[skip:], load_passages(directory)
     except SquadDataError:
-        return load_set(directory, limit), load_corpus(directory)
+        return load_set(directory, skip + limit)[skip:], load_corpus(directory)
 
 
 def run_benchmark(
@@ -161,6 +172,7 @@ def run_benchmark(
     model: str,
     num_questions: int,
     index_passages: int,
+    skip_questions: int = 0,
     top_k: int | None,
     recompute_tokens: int,
     squad_dir: Path,
@@ -173,7 +185,9 @@ def run_benchmark(
     from inference.engine import Engine, EngineConfig
 
     try:
-        questions, corpus = load_eval_set(squad_dir, num_questions)
+        questions, corpus = load_eval_set(squad_dir, num_questions, skip_questions)
+        if not questions:
+            raise SquadDataError(f"{squad_dir} has no questions after the first {skip_questions}")
     except SquadDataError as error:
         raise CannotRunError(str(error)) from None
     model_dir = chat_model_dir(model, models_dir)
@@ -204,6 +218,7 @@ def run_benchmark(
         "config": {
             "model": model,
             "questions": len(questions),
+            "skipped_questions": skip_questions,
             "top_k": retrieved.top_k,
             "gold_retrieved": rounded(retrieved.gold_recall),
             "recompute_tokens": recompute_tokens,
@@ -239,7 +254,9 @@ def format_table(report: dict) -> str:
     lines += [
         "",
         f"TTFT full / reuse (median of paired ratios): {report['ttft_ratio_full_over_reuse']}x; "
-        f"F1 difference {report['f1_difference']:+.3f}. Ingestion: {ingestion['passages']} "
+        f"F1 difference {report['f1_difference']:+.3f} (95% interval "
+        f"{report['f1_difference_ci95'][0]:+.3f} to {report['f1_difference_ci95'][1]:+.3f}, "
+        "paired bootstrap). Ingestion: {ingestion['passages']} "
         f"passages ({ingestion['passage_tokens']} tokens) computed in "
         f"{ingestion['precompute_s']} s; {config['kv_bytes_per_token']} KV bytes a token.",
     ]
@@ -253,6 +270,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON (default: a table)")
     parser.add_argument("--model", default=None, help=f"default: {DEFAULT_CHAT_MODEL}")
     parser.add_argument("--questions", type=int, default=DEFAULT_QUESTIONS)
+    parser.add_argument(
+        "--skip-questions",
+        type=int,
+        default=0,
+        help="start after this many questions (to extend an earlier run with new ones)",
+    )
     parser.add_argument("--index-passages", type=int, default=DEFAULT_INDEX_PASSAGES)
     parser.add_argument("--top-k", type=int, help="passages per question (default: the site's)")
     parser.add_argument("--recompute-tokens", type=int, default=16)
@@ -277,8 +300,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.questions, args.index_passages = SMOKE_QUESTIONS, SMOKE_INDEX_PASSAGES
         args.model = args.model or BUNDLED_CHAT_MODEL
         args.kv_cache_mb = min(args.kv_cache_mb, 512)
-    if args.questions < 1 or args.index_passages < 0 or args.recompute_tokens < 0:
-        parser.error("--questions >= 1, --index-passages >= 0, --recompute-tokens >= 0")
+    if (
+        args.questions < 1
+        or min(args.index_passages, args.recompute_tokens, args.skip_questions) < 0
+    ):
+        parser.error(
+            "--questions >= 1, --index-passages, --recompute-tokens, --skip-questions >= 0"
+        )
     models_dir = args.models_dir or default_models_dir()  # before the scratch site moves it
 
     def run() -> dict:
@@ -287,6 +315,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 model=args.model or DEFAULT_CHAT_MODEL,
                 num_questions=args.questions,
                 index_passages=args.index_passages,
+                skip_questions=args.skip_questions,
                 top_k=args.top_k,
                 recompute_tokens=args.recompute_tokens,
                 squad_dir=args.squad_dir,

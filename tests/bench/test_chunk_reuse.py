@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench.chunk_reuse import SMOKE_QUESTIONS, format_table, main
-from bench.squad_questions import DEFAULT_SQUAD_DIR
+from bench.chunk_reuse import SMOKE_QUESTIONS, format_table, load_eval_set, main
+from bench.squad_questions import DEFAULT_SQUAD_DIR, load_questions
 
 pytestmark = pytest.mark.skipif(
     not DEFAULT_SQUAD_DIR.is_dir(), reason=f"the squad-dev set is not at {DEFAULT_SQUAD_DIR}"
@@ -24,6 +24,7 @@ def test_the_smoke_run_reuses_passages_in_one_mode_and_prefills_them_in_the_othe
     report = json.loads(capsys.readouterr().out)
 
     assert report["config"]["questions"] == SMOKE_QUESTIONS
+    assert "| reuse |" in format_table(report)
     full, reuse = report["full"], report["reuse"]
     assert full["mean_reused_tokens"] == 0 < reuse["mean_reused_tokens"]
     # Full prefill computes nearly the whole prompt (the system prompt is cached); reuse
@@ -38,4 +39,13 @@ def test_the_smoke_run_reuses_passages_in_one_mode_and_prefills_them_in_the_othe
         )
         assert 0 <= mode["f1"] <= 1
     assert report["ttft_ratio_full_over_reuse"] > 0
-    assert "| reuse |" in format_table(report)
+    low, high = report["f1_difference_ci95"]
+    assert low <= report["f1_difference"] <= high
+    assert len(full["f1_per_question"]) == len(reuse["f1_per_question"]) == SMOKE_QUESTIONS
+
+
+def test_skipped_questions_continue_where_an_earlier_run_stopped() -> None:
+    earlier = load_questions(DEFAULT_SQUAD_DIR, 5)
+    later, corpus = load_eval_set(DEFAULT_SQUAD_DIR, 3, skip=2)
+    assert [q.question_id for q in later] == [q.question_id for q in earlier[2:]]
+    assert corpus
