@@ -42,6 +42,8 @@ def test_the_smoke_run_reuses_passages_in_one_mode_and_prefills_them_in_the_othe
     low, high = report["f1_difference_ci95"]
     assert low <= report["f1_difference"] <= high
     assert len(full["f1_per_question"]) == len(reuse["f1_per_question"]) == SMOKE_QUESTIONS
+    assert set(full["reused_tokens_per_question"]) == {0}
+    assert sum(reuse["reused_tokens_per_question"]) / SMOKE_QUESTIONS == reuse["mean_reused_tokens"]
 
 
 def test_skipped_questions_continue_where_an_earlier_run_stopped() -> None:
