@@ -259,7 +259,7 @@ def format_table(report: dict) -> str:
         f"TTFT full / reuse (median of paired ratios): {report['ttft_ratio_full_over_reuse']}x; "
         f"F1 difference {report['f1_difference']:+.3f} (95% interval "
         f"{report['f1_difference_ci95'][0]:+.3f} to {report['f1_difference_ci95'][1]:+.3f}, "
-        "paired bootstrap). Ingestion: {ingestion['passages']} "
+        f"paired bootstrap). Ingestion: {ingestion['passages']} "
         f"passages ({ingestion['passage_tokens']} tokens) computed in "
         f"{ingestion['precompute_s']} s; {config['kv_bytes_per_token']} KV bytes a token.",
     ]

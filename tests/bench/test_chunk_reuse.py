@@ -24,7 +24,9 @@ def test_the_smoke_run_reuses_passages_in_one_mode_and_prefills_them_in_the_othe
     report = json.loads(capsys.readouterr().out)
 
     assert report["config"]["questions"] == SMOKE_QUESTIONS
-    assert "| reuse |" in format_table(report)
+    table = format_table(report)
+    assert "| reuse |" in table
+    assert f"Ingestion: {report['ingestion']['passages']} passages" in table
     full, reuse = report["full"], report["reuse"]
     assert full["mean_reused_tokens"] == 0 < reuse["mean_reused_tokens"]
     # Full prefill computes nearly the whole prompt (the system prompt is cached); reuse
