@@ -33,6 +33,8 @@ def test_the_smoke_run_reuses_passages_in_one_mode_and_prefills_them_in_the_othe
     # computes the question, the headings and each passage's first tokens.
     assert report["computed_share"]["reuse"] < report["computed_share"]["full"] <= 1
     assert report["ingestion"]["passages"] >= SMOKE_QUESTIONS
+    # the cache holds this run whole: every passage found where the ingestion left it
+    assert report["evicted_passages_computed_again"] == 0
     assert all(full["answers"]) and all(reuse["answers"])
     for mode in (full, reuse):
         # asked again, the whole prompt is in the prefix cache
