@@ -32,5 +32,5 @@ def paired_difference_interval(
     means = sorted(
         statistics.fmean(draw(differences, k=len(differences))) for _ in range(resamples)
     )
-    tail = (1 - confidence) / 2
-    return means[int(tail * (resamples - 1))], means[round((1 - tail) * (resamples - 1))]
+    cut = round((1 - confidence) / 2 * (resamples - 1))  # the same count off either end
+    return means[cut], means[-1 - cut]

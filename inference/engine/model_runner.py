@@ -78,8 +78,8 @@ def auto_prefill_weights(dtype: torch.dtype) -> str:
     VNNI and no AMX the int8 GEMM runs at about twice the bf16 one, and the codes made per step
     cost no memory. Narrow models gain too since the GEMM runs in blocks of 512 tokens
     (layers/int8_gemm.ROWS_PER_GEMM): via the API on Zen 4 (bench.serving_sweep, 32 concurrent
-    RAG chats) SmolLM2-135M (576 wide) ran 1.09x quantized's speed (126.9 -> 138.5 tok/s), where
-    blocks of 128 had made it 0.84x."""
+    RAG chats, five runs of each setting alternated) SmolLM2-135M (576 wide) ran 1.06x
+    quantized's speed (147.5 -> 155.9 tok/s), where blocks of 128 had made it 0.84x."""
     if kernels.has_amx() and dtype == torch.bfloat16:
         return "dense"
     if kernels.has_int8_dot_products():
