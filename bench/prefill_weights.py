@@ -10,9 +10,10 @@ cache with a `--tokens` prompt, then times, interleaved round by round on the sa
 each through the quantized layers as they run without copies (int4 kernel up to its token
 limit, else dequantize + GEMM), through dense copies of their weights (one GEMM in the model
 dtype) and through int8 codes of them (layers/int8_gemm.py: one integer GEMM), kept
-("int8-kept") or made natively for each step ("int8", csrc/int8_row_codes.h), as
-`EngineConfig.prefill_weights` "quantized" / "dense" / "int8" run them (the last keeps the codes
-only where no native kernel makes them). After a first untimed
+("int8-kept") or made natively for each step ("int8", csrc/int8_row_codes.h), and, on CPUs with
+AMX in bf16, kept in oneDNN's packed layout ("int8-packed"), as `EngineConfig.prefill_weights`
+"quantized" / "dense" / "int8" run them (the last keeps the codes only where no native kernel
+makes them, and packed on AMX). After a first untimed
 pass, reports the median of `--rounds` per case, the speedups over "quantized", each copy's size
 and build time, and each setting's perplexity on `--perplexity-tokens` of tests/data's SQuAD
 passages (windows of 1,024, chunks of 256 tokens: the copies' path), the quality price. Random
@@ -36,7 +37,8 @@ from inference.catalogue import BUNDLED_CHAT_MODEL, DEFAULT_CHAT_MODEL
 
 CASES = ("prefill", "scattered")
 SETTINGS = ("quantized", "dense", "int8-kept", "int8")
-COPIES = ("dense", "int8-kept")
+# where the engine packs int8 codes (AMX, bf16), a fifth setting, a third copy
+PACKED = "int8-packed"
 QUALITY_TEXT = Path(__file__).resolve().parents[1] / "tests" / "data" / "squad_passages.txt"
 PERPLEXITY_WINDOW, PERPLEXITY_CHUNK = 1024, 256
 
@@ -55,6 +57,7 @@ def run_benchmark(
         INT8_CODES_PER_STEP_KERNEL_TOKENS,
         INT8_GEMM_KERNEL_TOKENS,
         dense_kernel_token_limit,
+        packs_int8_gemm_weights,
     )
 
     model_dir = chat_model_dir(model, models_dir)
@@ -70,26 +73,37 @@ def run_benchmark(
         raise CannotRunError(f"{model} has no quantized layers: nothing to compare")
     if not all(layer.makes_int8_codes_natively for layer in layers):
         raise CannotRunError("the native kernels do not make int8 codes here (int8 per step)")
+    settings = SETTINGS + ((PACKED,) if packs_int8_gemm_weights(runner.dtype) else ())
     limits = {"quantized": [layer.max_kernel_tokens for layer in layers]}
-    copy_bytes, build_s = {}, {}
+    copy_bytes, build_s, copies = {}, {}, {}
     for setting, limit in (
         ("dense", dense_kernel_token_limit()),
         ("int8-kept", INT8_GEMM_KERNEL_TOKENS),
+        (PACKED, INT8_GEMM_KERNEL_TOKENS),
     ):
+        if setting not in settings:
+            continue
         started = time.perf_counter()
-        keep = "keep_dense_weight" if setting == "dense" else "keep_int8_gemm_weight"
-        copy_bytes[setting] = sum(getattr(layer, keep)(limit) for layer in layers)
+        if setting == "dense":
+            copy_bytes[setting] = sum(layer.keep_dense_weight(limit) for layer in layers)
+            copies[setting] = [layer.dense_weight for layer in layers]
+        else:
+            copy_bytes[setting] = sum(
+                layer.keep_int8_gemm_weight(limit, packed=setting == PACKED) for layer in layers
+            )
+            copies[setting] = [layer.int8_gemm_weight for layer in layers]
         build_s[setting] = time.perf_counter() - started
         limits[setting] = [limit] * len(layers)
         for layer, quantized_limit in zip(layers, limits["quantized"], strict=True):
             layer.max_kernel_tokens = quantized_limit
+            layer.dense_weight, layer.int8_gemm_weight = None, None
     limits["int8"] = [INT8_CODES_PER_STEP_KERNEL_TOKENS] * len(layers)
-    copies = [(layer.dense_weight, layer.int8_gemm_weight) for layer in layers]
 
     def use(setting: str) -> None:
-        for layer, limit, (dense, codes) in zip(layers, limits[setting], copies, strict=True):
-            layer.dense_weight = dense if setting == "dense" else None
-            layer.int8_gemm_weight = codes if setting == "int8-kept" else None
+        for i, (layer, limit) in enumerate(zip(layers, limits[setting], strict=True)):
+            layer.dense_weight = copies["dense"][i] if setting == "dense" else None
+            is_kept = setting in ("int8-kept", PACKED)
+            layer.int8_gemm_weight = copies[setting][i] if is_kept else None
             layer.codes_int8_gemm_weight_per_step = setting == "int8"
             layer.max_kernel_tokens = limit
 
@@ -106,13 +120,13 @@ def run_benchmark(
         ),
     }
     for case in CASES:  # NOTE: untimed: oneDNN prepares each GEMM shape on its first call
-        for setting in SETTINGS:
+        for setting in settings:
             use(setting)
             runner.execute([entries[case]])
     seconds: dict[str, list[float]] = {}
     for _ in range(rounds):
         for case in CASES:
-            for setting in SETTINGS:
+            for setting in settings:
                 use(setting)
                 began = time.perf_counter()
                 runner.execute([entries[case]])
@@ -121,7 +135,7 @@ def run_benchmark(
     text_ids = _load_tokenizer(model_dir)(QUALITY_TEXT.read_text())["input_ids"]
     text_ids = text_ids[:perplexity_tokens]
     perplexities = {}
-    for setting in SETTINGS:
+    for setting in settings:
         use(setting)
         perplexities[setting] = rounded(
             perplexity(runner, text_ids, window=PERPLEXITY_WINDOW, chunk=PERPLEXITY_CHUNK), 4
@@ -132,6 +146,7 @@ def run_benchmark(
         "tokens": num_tokens,
         "scattered_tokens": len(positions),
         "rounds": rounds,
+        "settings": list(settings),
         "copy_gib": {name: rounded(value / 2**30, 2) for name, value in copy_bytes.items()},
         "copy_build_s": {name: rounded(value, 1) for name, value in build_s.items()},
         "kernel_token_limit": {
@@ -143,7 +158,7 @@ def run_benchmark(
                 medians[f"{case}/quantized"] / medians[f"{case}/{setting}"], 2
             )
             for case in CASES
-            for setting in SETTINGS[1:]
+            for setting in settings[1:]
         },
         "perplexity_tokens": len(text_ids),
         "perplexity": perplexities,
@@ -155,6 +170,7 @@ def run_benchmark(
 
 
 def format_table(report: dict) -> str:
+    settings = report["settings"]
     lines = [
         f"Prefill weights, {report['model']} ({report['dtype']}), {report['tokens']}-token "
         f"prefill and a {report['scattered_tokens']}-token scattered step, median of "
@@ -162,30 +178,30 @@ def format_table(report: dict) -> str:
         f"{report['int8_dot_products']}).",
         "",
         "| step | "
-        + " | ".join(f"{name} s" for name in SETTINGS)
+        + " | ".join(f"{name} s" for name in settings)
         + " | "
-        + " | ".join(f"{name} speedup" for name in SETTINGS[1:])
+        + " | ".join(f"{name} speedup" for name in settings[1:])
         + " |",
-        "|---|" + "---:|" * (2 * len(SETTINGS) - 1),
+        "|---|" + "---:|" * (2 * len(settings) - 1),
     ]
     seconds, speedup = report["seconds"], report["speedup"]
     for case in CASES:
         lines.append(
             f"| {case} | "
-            + " | ".join(f"{seconds[f'{case}/{name}']:.3f}" for name in SETTINGS)
+            + " | ".join(f"{seconds[f'{case}/{name}']:.3f}" for name in settings)
             + " | "
-            + " | ".join(f"{speedup[f'{case}/{name}']:.2f}x" for name in SETTINGS[1:])
+            + " | ".join(f"{speedup[f'{case}/{name}']:.2f}x" for name in settings[1:])
             + " |"
         )
     perplexity = report["perplexity"]
     lines += [
         "",
         f"Perplexity over {report['perplexity_tokens']} tokens: "
-        + ", ".join(f"{name} {perplexity[name]:.4f}" for name in SETTINGS),
+        + ", ".join(f"{name} {perplexity[name]:.4f}" for name in settings),
         "Copies: "
         + ", ".join(
             f"{name} {report['copy_gib'][name]} GiB (built in {report['copy_build_s'][name]} s)"
-            for name in COPIES
+            for name in report["copy_gib"]
         ),
     ]
     return "\n".join(lines)

@@ -22,6 +22,7 @@ from inference.engine.kernels import int4_linear, paged_decode_attention, paged_
 from inference.engine.kernels.decode_layers import FusedDecode
 from inference.engine.kv_cache import KVCacheSpec, allocate_kv_cache
 from inference.engine.layers.attention import build_attention_metadata
+from inference.engine.layers.int8_gemm import packed_int8_gemm_available
 from inference.engine.layers.linear import can_pack, pack_linear_layers, pack_model_for_amx
 from inference.engine.layers.quantization import (
     Int4Linear,
@@ -62,6 +63,9 @@ INT8_GEMM_KERNEL_TOKENS = 8
 # about what the 1.5B's int4 kernel takes for ~15 tokens, so from 64 tokens the two ways were
 # even on its gate_up (Zen 4: kernel 150 GMAC/s; codes 4.7 ms + integer GEMM 6.1 ms at 64).
 INT8_CODES_PER_STEP_KERNEL_TOKENS = 64
+# With AMX, `auto` packs int8 codes for models at least this wide, and keeps dense copies for
+# narrower ones (see `auto_prefill_weights`).
+PACKED_INT8_MIN_HIDDEN_SIZE = 1024
 
 
 def dense_kernel_token_limit() -> int:
@@ -69,22 +73,36 @@ def dense_kernel_token_limit() -> int:
     return DENSE_AMX_KERNEL_TOKENS if kernels.has_amx() else DENSE_KERNEL_TOKENS
 
 
-def auto_prefill_weights(dtype: torch.dtype) -> str:
-    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: "dense" with AMX
-    in bf16, "int8" (codes made per step) on other CPUs with int8 dot products (VNNI), else
+def auto_prefill_weights(dtype: torch.dtype, hidden_size: int) -> str:
+    """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: with AMX in bf16,
+    "int8" (codes kept, packed) for models at least `PACKED_INT8_MIN_HIDDEN_SIZE` wide, else
+    "dense"; "int8" (codes made per step) on other CPUs with int8 dot products (VNNI); else
     "quantized".
 
-    NOTE: with AMX the bf16 GEMM is as fast as the int8 one (README, "Prefill weights"). With
-    VNNI and no AMX the int8 GEMM runs at about twice the bf16 one, and the codes made per step
-    cost no memory. Narrow models gain too since the GEMM runs in blocks of 512 tokens
-    (layers/int8_gemm.ROWS_PER_GEMM): via the API on Zen 4 (bench.serving_sweep, 32 concurrent
-    RAG chats, five runs of each setting alternated) SmolLM2-135M (576 wide) ran 1.06x
-    quantized's speed (147.5 -> 155.9 tok/s), where blocks of 128 had made it 0.84x."""
+    NOTE: with AMX, packed int8 codes run oneDNN's int8 tiles, and a decode step of many
+    sequences reads half the bytes of dense copies: via the API on a 2-vCPU AMX Xeon
+    (bench.serving_sweep, 32 concurrent RAG chats, two runs of each alternated) the 1.5B ran
+    1.19x the dense copies' speed (78.8 -> 94.0 tok/s); SmolLM2 (576 wide), whose layers are
+    too narrow for the GEMM to outweigh the activations' coding around it, 0.92x. Without AMX
+    the int8 GEMM runs at about twice the bf16 one on VNNI, and the codes made per step cost no
+    memory; SmolLM2 gains too since the GEMM runs in blocks of 512 tokens
+    (layers/int8_gemm.ROWS_PER_GEMM): via the API on Zen 4 (five runs of each alternated)
+    1.06x quantized's speed (147.5 -> 155.9 tok/s), where blocks of 128 had made it 0.84x."""
     if kernels.has_amx() and dtype == torch.bfloat16:
-        return "dense"
+        packs = packs_int8_gemm_weights(dtype) and hidden_size >= PACKED_INT8_MIN_HIDDEN_SIZE
+        return "int8" if packs else "dense"
     if kernels.has_int8_dot_products():
         return "int8"
     return "quantized"
+
+
+def packs_int8_gemm_weights(dtype: torch.dtype) -> bool:
+    """Whether `prefill_weights="int8"` keeps every quantized layer's codes packed for oneDNN's
+    int8 GEMM (layers/int8_gemm.py) instead of making them per step, for a model in `dtype`: on
+    CPUs with AMX, whose int8 tiles multiply packed codes faster than the packed bf16 GEMM
+    multiplies dense copies, and a decode step of many sequences reads half the bytes; in bf16,
+    where it was measured (float32 models keep the codes made per step)."""
+    return kernels.has_amx() and dtype == torch.bfloat16 and packed_int8_gemm_available()
 
 
 def available_memory_bytes() -> int | None:
@@ -164,6 +182,8 @@ class ModelRunner:
         args = self.model.args
         self.device = device
         self.dtype = dtype
+        # whether every quantized layer's prefill-sized steps run on packed int8 codes
+        self.int8_codes_are_packed = False
         self.prefill_weights, self.prefill_weight_bytes = self._keep_prefill_weights(
             config.prefill_weights
         )
@@ -224,7 +244,9 @@ class ModelRunner:
                 # rate on it (Zen 4: 32 decodes at 1,300 tokens, 1,008 shared: a layer 1.09
                 # -> 0.79 ms for SmolLM2's heads, 2.80 -> 1.64 ms for the 1.5B's).
                 fused.cascades = self.uses_prefill_kernel
-            if fused is not None and self.prefill_weights == "dense":
+            if fused is not None and (
+                self.prefill_weights == "dense" or self.int8_codes_are_packed
+            ):
                 # NOTE: decodes of more sequences than the quantized kernels' limit run on the
                 # dense copies, layer by layer (packed bf16 on a 2-vCPU AMX Xeon, 1,264-token
                 # contexts: 32 decodes 602 -> 315 ms a step, 16 343 -> 235; at 8 about even,
@@ -361,30 +383,36 @@ class ModelRunner:
         """Copies of the quantized layers' weights for prefill-sized steps, as
         `EngineConfig.prefill_weights` asks: ("dense" | "int8" | "quantized", the bytes they take).
 
-        NOTE: "auto" keeps dense bf16 copies on CPUs with AMX, where the dense GEMM runs several
-        times faster than unpacking the weight every step or the int4 kernel past a few tokens
-        (a 200-token step of the 1.5B 9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured
-        side by side); without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight
-        memory. "int8" runs them on int8 codes (layers/int8_gemm.py) for the CPU's int8 dot
-        products (VNNI): made for each such step where the layer's native kernel makes them,
-        else kept (a byte a weight; never under "auto", where such layers stay quantized).
-        Dense copies cover the logits table too, since decode steps
-        of many sequences run on them (see `__init__`; its 32-row step on the 1.5B's quantized
-        table took 86 ms on an AMX Xeon); int8 codes leave it quantized: decodes
-        keep the fused call there, and prefill steps need a few rows of logits."""
+        NOTE: on CPUs with AMX, dense bf16 copies run several times faster than unpacking the
+        weight every step or the int4 kernel past a few tokens (a 200-token step of the 1.5B
+        9.6 -> 3.3 s, a 768-token one 15.6 -> 4.5 s, measured side by side), and int8 codes
+        kept in oneDNN's packed layout faster still for wide models (`auto_prefill_weights`);
+        without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight memory.
+        "int8" runs them on int8 codes (layers/int8_gemm.py) for the CPU's int8 dot products:
+        with AMX kept and packed for every layer; else made for each such step where the
+        layer's native kernel makes them, else kept (a byte a weight; never under "auto", where
+        such layers stay quantized). Dense copies and packed codes cover the logits table too,
+        since decode steps of many sequences run on them (see `__init__`; its 32-row step on
+        the 1.5B's quantized table took 86 ms on an AMX Xeon); codes made per step leave it
+        quantized: decodes keep the fused call there, and prefill steps need a few rows of
+        logits."""
         is_auto = setting == "auto"
         if is_auto:
-            setting = auto_prefill_weights(self.dtype)
+            setting = auto_prefill_weights(self.dtype, self.model.args.hidden_size)
         if setting == "quantized" or self.device.type != "cpu":
             return "quantized", 0
-        skip = (self.model.lm_head,) if setting == "int8" else ()
+        packs_int8_codes = setting == "int8" and packs_int8_gemm_weights(self.dtype)
+        skip = (self.model.lm_head,) if setting == "int8" and not packs_int8_codes else ()
         layers = dense_weight_layers(self.model, skip=skip)
         if not layers:
             return "quantized", 0
-        if setting == "int8":
+        if setting == "int8" and not packs_int8_codes:
             return self._use_int8_codes(layers, is_auto)
+        # NOTE: packed int8 codes keep the plain ones beside them (int8_gemm.py): two bytes a
+        # weight, as a bf16 copy takes
+        bytes_per_weight = 2 if packs_int8_codes else self.dtype.itemsize
         if is_auto:  # what was not asked for must leave room
-            num_bytes = self.dtype.itemsize * sum(m.in_features * m.out_features for m in layers)
+            num_bytes = bytes_per_weight * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()
             if available is not None and num_bytes > available // 2:
                 logger.info(
@@ -395,6 +423,8 @@ class ModelRunner:
                     available / 2**30,
                 )
                 return "quantized", 0
+        if packs_int8_codes:
+            return self._keep_packed_int8_codes(layers)
         max_kernel_tokens = dense_kernel_token_limit()
         kept = keep_dense_weights(layers, max_kernel_tokens)
         logger.info(
@@ -406,6 +436,29 @@ class ModelRunner:
             max_kernel_tokens,
         )
         return setting, kept
+
+    def _keep_packed_int8_codes(self, layers: list[QuantizedLinear]) -> tuple[str, int]:
+        """int8 codes of every one of `layers` (the logits table's too), kept and packed for
+        oneDNN's int8 GEMM, for steps of more than `INT8_GEMM_KERNEL_TOKENS` tokens, decodes of
+        that many sequences included (`__init__` caps the fused call there, as for dense
+        copies). ("int8", the bytes kept.)"""
+        kept = sum(
+            layer.keep_int8_gemm_weight(INT8_GEMM_KERNEL_TOKENS, packed=True) for layer in layers
+        )
+        num_packed = sum(
+            layer.int8_gemm_weight is not None and layer.int8_gemm_weight.packed is not None
+            for layer in layers
+        )
+        logger.info(
+            "prefill weights: int8 codes of %d quantized layers kept, %d packed for oneDNN's "
+            "int8 GEMM (%.2f GiB), used for steps of more than %d tokens",
+            len(layers),
+            num_packed,
+            kept / 2**30,
+            INT8_GEMM_KERNEL_TOKENS,
+        )
+        self.int8_codes_are_packed = num_packed == len(layers)
+        return "int8", kept
 
     def _use_int8_codes(self, layers: list[QuantizedLinear], is_auto: bool) -> tuple[str, int]:
         """int8 codes for `layers`' prefill-sized steps: made per step where the layer's native

@@ -23,8 +23,11 @@ from inference.engine.model_runner import (
     DENSE_AMX_KERNEL_TOKENS,
     INT8_CODES_PER_STEP_KERNEL_TOKENS,
     INT8_GEMM_KERNEL_TOKENS,
+    PACKED_INT8_MIN_HIDDEN_SIZE,
     ModelRunner,
+    auto_prefill_weights,
     dense_kernel_token_limit,
+    packs_int8_gemm_weights,
 )
 from tests.engine.real_model import RealEngines, chat
 
@@ -90,10 +93,14 @@ def answers(chat_model_dir, tokenizer, settings: tuple[str, ...]) -> dict[str, l
     for setting in settings:
         runner = quantized_runner(chat_model_dir, "float32", setting)
         assert runner.prefill_weights == setting
-        # NOTE: int8 codes are made for each step where the native kernels run: nothing kept
+        # NOTE: int8 codes are made for each step where the native kernels run (nothing
+        # kept), unless they are packed (AMX)
         kept_anything = setting == "dense" or (
             setting == "int8"
-            and not all(layer.makes_int8_codes_natively for layer in quantized_layers(runner))
+            and (
+                packs_int8_gemm_weights(runner.dtype)
+                or not all(layer.makes_int8_codes_natively for layer in quantized_layers(runner))
+            )
         )
         assert (runner.prefill_weight_bytes > 0) == kept_anything
         engines = RealEngines(runner, tokenizer, chat_model_dir, MAX_MODEL_LEN)
@@ -123,16 +130,18 @@ def test_an_engine_with_int8_prefill_weights_answers(chat_model_dir, real_tokeni
     )
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_int8_prefill_weights_keep_the_models_next_token_predictions(
-    chat_model_dir, real_tokenizer
+    chat_model_dir, real_tokenizer, dtype
 ) -> None:
-    """Teacher-forced over real text, in prefill chunks above the kernel's token limit."""
+    """Teacher-forced over real text, in prefill chunks above the kernel's token limit (in bf16
+    on AMX CPUs: on the packed codes)."""
     text = (DATA_DIR / "squad_passages.txt").read_text()
     token_ids = real_tokenizer(text)["input_ids"][:PREDICTION_TOKENS]
     block_table = list(range(-(-PREDICTION_TOKENS // 16)))
     predictions, perplexities = {}, {}
     for setting in ("quantized", "int8"):
-        runner = quantized_runner(chat_model_dir, "float32", setting)
+        runner = quantized_runner(chat_model_dir, dtype, setting)
         logits = torch.cat(
             [
                 runner.execute(
@@ -159,21 +168,18 @@ def test_int8_prefill_weights_keep_the_models_next_token_predictions(
     assert perplexities["int8"] == pytest.approx(perplexities["quantized"], rel=0.03)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies(
-    chat_model_dir, real_tokenizer, dtype
-) -> None:
-    """Past the quantized kernels' token limit a decode step leaves the fused call and runs
-    layer by layer on the dense copies, the logits table's included; its logits are the
-    quantized path's, up to the kernels' 8-bit activation codes (and in bf16 the packed GEMM's
-    rounding)."""
-    num_sequences, prompt_len = dense_kernel_token_limit() + 4, 24
-    token_ids = real_tokenizer((DATA_DIR / "squad_passages.txt").read_text())["input_ids"]
+def decode_logits_past_the_kernel_limit(
+    chat_model_dir, tokenizer, dtype: str, settings: tuple[str, ...], num_sequences: int
+) -> dict[str, torch.Tensor]:
+    """Logits of one decode step of `num_sequences` sequences per `prefill_weights` setting,
+    each sequence a 24-token prompt of real text prefilled first."""
+    prompt_len = 24
+    token_ids = tokenizer((DATA_DIR / "squad_passages.txt").read_text())["input_ids"]
     prompts = [token_ids[i * prompt_len : (i + 1) * prompt_len] for i in range(num_sequences)]
     blocks = -(-(prompt_len + 1) // 16)
     tables = [list(range(i * blocks, (i + 1) * blocks)) for i in range(num_sequences)]
     logits = {}
-    for setting in ("quantized", "dense"):
+    for setting in settings:
         # NOTE: room for 68 sequences where the limit is 64 (no AMX), in float32
         runner = quantized_runner(chat_model_dir, dtype, setting, kv_cache_mb=160)
         prefill = runner.execute(
@@ -182,10 +188,32 @@ def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies
         next_ids = prefill.argmax(-1).tolist()
         decodes = [BatchEntry([n], prompt_len, t) for n, t in zip(next_ids, tables, strict=True)]
         logits[setting] = runner.execute(decodes)
+        fused = runner.model.fused_decode
         if setting == "dense":
             assert runner.model.lm_head.dense_weight is not None
-            fused = runner.model.fused_decode
             assert fused is None or fused.max_tokens == dense_kernel_token_limit()
+        if setting == "int8" and packs_int8_gemm_weights(runner.dtype):
+            lm_head_codes = runner.model.lm_head.int8_gemm_weight
+            assert lm_head_codes is not None and lm_head_codes.packed is not None
+            assert fused is None or fused.max_tokens == INT8_GEMM_KERNEL_TOKENS
+    return logits
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies(
+    chat_model_dir, real_tokenizer, dtype
+) -> None:
+    """Past the quantized kernels' token limit a decode step leaves the fused call and runs
+    layer by layer on the dense copies, the logits table's included; its logits are the
+    quantized path's, up to the kernels' 8-bit activation codes (and in bf16 the packed GEMM's
+    rounding)."""
+    logits = decode_logits_past_the_kernel_limit(
+        chat_model_dir,
+        real_tokenizer,
+        dtype,
+        ("quantized", "dense"),
+        dense_kernel_token_limit() + 4,
+    )
     agreement = (logits["dense"].argmax(-1) == logits["quantized"].argmax(-1)).float()
     error = (logits["dense"] - logits["quantized"]).norm() / logits["quantized"].norm()
     if dtype == "float32":  # the kernels' activation codes against the dense GEMM's floats
@@ -194,12 +222,58 @@ def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_the_dense_copies
         assert float(agreement.mean()) >= 0.9 and float(error) < 0.03
 
 
+@pytest.mark.skipif(
+    not packs_int8_gemm_weights(torch.bfloat16), reason="int8 codes are packed on AMX only"
+)
+def test_decodes_of_more_sequences_than_the_kernel_limit_run_on_packed_int8_codes(
+    chat_model_dir, real_tokenizer
+) -> None:
+    """With AMX, int8 codes are kept packed for every layer, the logits table's too, and a
+    decode step past the kernels' limit runs layer by layer on them: its logits stay those of
+    the dense copies (the same weights multiplied in bf16) up to the activations' codes per
+    token (SmolLM2: 7% of the logits' norm, every argmax the same; the 1.5B 8%)."""
+    logits = decode_logits_past_the_kernel_limit(
+        chat_model_dir, real_tokenizer, "bfloat16", ("dense", "int8"), INT8_GEMM_KERNEL_TOKENS + 4
+    )
+    agreement = (logits["int8"].argmax(-1) == logits["dense"].argmax(-1)).float()
+    error = (logits["int8"] - logits["dense"]).norm() / logits["dense"].norm()
+    assert float(agreement.mean()) >= 0.9 and float(error) < 0.1
+
+
+@pytest.mark.skipif(
+    not packs_int8_gemm_weights(torch.bfloat16), reason="int8 codes are packed on AMX only"
+)
+def test_int8_codes_kept_packed_take_two_bytes_a_weight(chat_model_dir) -> None:
+    runner = quantized_runner(chat_model_dir, "bfloat16", "int8")
+    layers = quantized_layers(runner)
+    assert runner.prefill_weights == "int8" and runner.int8_codes_are_packed
+    assert all(layer.int8_gemm_weight is not None for layer in layers)
+    assert runner.prefill_weight_bytes == sum(
+        2 * layer.in_features * layer.out_features + 4 * layer.out_features for layer in layers
+    )
+
+
 def test_auto_keeps_dense_copies_only_for_bf16_on_cpus_with_amx(chat_model_dir) -> None:
+    """SmolLM2 is 576 wide: too narrow for packed int8 codes to pay (auto_prefill_weights)."""
     runner = quantized_runner(chat_model_dir, "bfloat16", "auto")
     without_amx = "int8" if has_int8_dot_products() else "quantized"
+    assert runner.model.args.hidden_size < PACKED_INT8_MIN_HIDDEN_SIZE
     assert runner.prefill_weights == ("dense" if has_amx() else without_amx)
     assert (runner.prefill_weight_bytes > 0) == has_amx()  # int8 codes are made per step
     assert quantized_runner(chat_model_dir, "float32", "auto").prefill_weights == without_amx
+
+
+def test_auto_packs_int8_codes_for_wide_bf16_models_on_cpus_with_amx() -> None:
+    without_amx = "int8" if has_int8_dot_products() else "quantized"
+    wide, narrow = PACKED_INT8_MIN_HIDDEN_SIZE, PACKED_INT8_MIN_HIDDEN_SIZE - 64
+    if has_amx():
+        assert auto_prefill_weights(torch.bfloat16, narrow) == "dense"
+        packed = "int8" if packs_int8_gemm_weights(torch.bfloat16) else "dense"
+        assert auto_prefill_weights(torch.bfloat16, wide) == packed
+    else:
+        assert auto_prefill_weights(torch.bfloat16, narrow) == without_amx
+        assert auto_prefill_weights(torch.bfloat16, wide) == without_amx
+    assert auto_prefill_weights(torch.float32, wide) == without_amx
 
 
 def test_int8_codes_made_per_step_multiply_as_the_codes_kept(chat_model_dir) -> None:

@@ -18,6 +18,14 @@ _code_tokens = KernelFunction(
 _scale_sums = KernelFunction(
     "int8_gemm", "int8_gemm_scale_sums", [_pointer] * 4 + [_size] * 2 + [ctypes.c_int]
 )
+_finish_rows = KernelFunction(
+    "int8_gemm",
+    "int8_gemm_finish_rows",
+    [_pointer] * 4 + [_size] + [_pointer] * 3 + [_size] * 2 + [ctypes.c_int],
+)
+_column_peaks = KernelFunction(
+    "int8_gemm", "int8_gemm_column_peaks", [_pointer] * 2 + [_size] * 2 + [ctypes.c_int]
+)
 LANES = 16  # csrc: VF_LANES
 
 
@@ -30,7 +38,21 @@ def is_supported(x: torch.Tensor, out_features: int) -> bool:
         and out_features % LANES == 0
         and _code_tokens(x.dtype) is not None
         and _scale_sums(x.dtype) is not None
+        and _finish_rows(x.dtype) is not None
+        and _column_peaks(x.dtype) is not None
     )
+
+
+def column_peaks(x: torch.Tensor) -> torch.Tensor:
+    """x [tokens, in] (bf16 or float32) -> float32 [in]: each column's largest |x|."""
+    x = x.contiguous()
+    peaks = torch.empty(x.shape[1], dtype=torch.float32)
+    status = require(_column_peaks(x.dtype), "int8_gemm")(
+        x.data_ptr(), peaks.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads()
+    )
+    if status != 0:
+        raise ValueError(f"{x.shape[1]} input features are not a multiple of {LANES}")
+    return peaks
 
 
 def code_tokens(x: torch.Tensor, skip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,4 +95,37 @@ def scale_sums(
     )  # fmt: skip
     if status != 0:
         raise ValueError(f"{sums.shape[1]} output features are not a multiple of {LANES}")
+    return out
+
+
+def finish_rows(
+    y: torch.Tensor,
+    token_scales: torch.Tensor,
+    outlier_x: torch.Tensor,
+    outlier_ids: torch.Tensor,
+    codes_t: torch.Tensor,
+    row_scales: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """y [tokens, out] (a packed GEMM's sums times `row_scales`) -> y * token_scales [tokens, 1]
+    + (outlier_x [tokens, n] float32 @ codes_t [in, out] int8's rows `outlier_ids` [n]) *
+    row_scales, float32 rounded once to y's dtype, into `out` where given (else in place)."""
+    if out is None:
+        out = y
+    elif out.shape != y.shape or out.dtype != y.dtype or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous {y.dtype} tensor of shape {tuple(y.shape)}; got "
+            f"{out.dtype} {tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}"
+        )
+    if not (y.is_contiguous() and codes_t.is_contiguous() and codes_t.shape[1] == y.shape[1]):
+        raise ValueError("y and codes_t must be contiguous, with as many columns")
+    outlier_x = outlier_x.float().contiguous()
+    outlier_ids = outlier_ids.to(torch.int64).contiguous()
+    status = require(_finish_rows(y.dtype), "int8_gemm")(
+        y.data_ptr(), token_scales.data_ptr(), outlier_x.data_ptr(), outlier_ids.data_ptr(),
+        outlier_ids.numel(), codes_t.data_ptr(), row_scales.data_ptr(), out.data_ptr(),
+        y.shape[0], y.shape[1], torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise ValueError(f"{y.shape[1]} output features are not a multiple of {LANES}")
     return out

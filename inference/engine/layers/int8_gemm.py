@@ -20,11 +20,19 @@ halved the layers' relative error (qkv 3.0% -> 1.1%) and SmolLM2's perplexity ri
 
 The weight's own error: codes per row of an already-quantized weight (4-bit groups with their own
 scales) round each value to 1/254 of its row's largest, ~1% of a typical weight.
+
+Where oneDNN's quantized linear runs (`torch.ops.onednn.qlinear_*`, x86 builds), kept codes are
+also packed into its blocked layout once (`Int8GemmWeight.packed_for_onednn`), as PyTorch's
+inductor does for frozen int8 models: `torch._int_mm` reorders the weight on every call, which
+on a 2-vCPU AMX Xeon made it slower than the packed bf16 GEMM; packed, oneDNN's AMX int8 tiles
+ran the 1.5B's matmuls 1.5-2.9x faster than the packed bf16 ones at 32 to 512 tokens (README,
+"Prefill weights: int8 codes on AMX").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -35,6 +43,8 @@ from inference.engine.kernels import int8_gemm as native_int8_gemm
 OUTLIER_RATIO = 6.0
 # At most this share of the inputs goes through the float product: the largest columns.
 MAX_OUTLIER_SHARE = 1 / 32
+# The float product takes at least this many columns (zeros past the outliers).
+MIN_OUTLIER_COLUMNS = 8
 # NOTE: tokens per integer GEMM. Scaling the int32 sums back once cost as much as the GEMM
 # (a 768-token gate_up of the 1.5B in one GEMM: 62 ms against 41 in blocks of 128, Zen 5),
 # hence blocks; since the sums are scaled natively into the result (scale_sums out=), larger
@@ -46,6 +56,22 @@ INT8_MAX = 127
 # NOTE: a row of zeros (padding rows are) gets this peak: small enough for any real row, large
 # enough that the reciprocal of its scale stays finite (the codes are then 0, not 0 x inf).
 MIN_ROW_PEAK = 1e-30  # csrc/int8_row_codes.h: MIN_ROW_PEAK
+# The packed GEMM's sums must equal the plain integer GEMM's: both are exact int32 sums, so only
+# the float scaling may differ (relative to the check's largest output).
+PACKED_CHECK_TOLERANCE = 1e-5
+
+logger = logging.getLogger(__name__)
+
+
+def packed_int8_gemm_available() -> bool:
+    """Whether this PyTorch build runs oneDNN's int8 linear on packed weights on this CPU."""
+    onednn = getattr(torch.ops, "onednn", None)
+    return (
+        torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
+        and onednn is not None
+        and hasattr(onednn, "qlinear_prepack")
+        and hasattr(onednn, "qlinear_pointwise")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +82,8 @@ class Int8GemmWeight:
     # GEMM reads W^T as fast either way
     codes: torch.Tensor
     scales: torch.Tensor  # float32 [out]
+    # the codes in oneDNN's blocked layout (`packed_for_onednn`); None: `torch._int_mm` on codes
+    packed: torch.Tensor | None = None
 
     @classmethod
     def from_rows(cls, weight: torch.Tensor) -> Int8GemmWeight:
@@ -68,7 +96,36 @@ class Int8GemmWeight:
 
     @property
     def nbytes(self) -> int:
-        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * 4
+        # NOTE: a packed tensor has no storage to measure; its blocks hold as many codes.
+        num_copies = 1 if self.packed is None else 2
+        return num_copies * self.codes.numel() * self.codes.element_size() + self.scales.numel() * 4
+
+    def packed_for_onednn(self) -> Int8GemmWeight:
+        """This weight with its codes also in oneDNN's packed layout, where oneDNN's int8 linear
+        runs and agrees with `torch._int_mm` on a check; else this weight as it is (logged).
+
+        NOTE: the plain codes stay, as W^T [in, out] in memory: steps multiply their outlier
+        columns' rows of W^T in float (`_matmul_rows`), which a row-major W gathered from every
+        row (a quarter of a 32-sequence decode step of the 1.5B). Packed codes thus take twice
+        the bytes of plain ones."""
+        if self.packed is not None or not packed_int8_gemm_available():
+            return self
+        in_features = self.codes.shape[1]
+        try:
+            packed = torch.ops.onednn.qlinear_prepack(self.codes.contiguous(), None)
+            check = torch.arange(2 * in_features, dtype=torch.int64) % 255 - 127
+            check = check.to(torch.int8).reshape(2, in_features)
+            got = _packed_product(check, packed, self.scales, torch.float32)
+        except RuntimeError as error:  # a build or CPU where oneDNN refuses: plain codes
+            logger.warning("int8 codes stay unpacked: oneDNN could not pack them (%s)", error)
+            return self
+        expected = torch._int_mm(check, self.codes.t()).float() * self.scales
+        peak = expected.abs().max().clamp_min(torch.finfo(torch.float32).tiny)
+        if not ((got - expected).abs().max() / peak <= PACKED_CHECK_TOLERANCE):
+            logger.warning("int8 codes stay unpacked: oneDNN's packed GEMM disagreed")
+            return self
+        codes_t = self.codes.t().contiguous()
+        return replace(self, codes=codes_t.t(), packed=packed)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, in] @ W^T in x's dtype: activations coded per token (row), outlier columns
@@ -88,32 +145,97 @@ class Int8GemmWeight:
     def _matmul_rows(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """`matmul` of at most `ROWS_PER_GEMM` tokens, into `out` (rows of a contiguous
         result) where given."""
-        magnitudes = x.abs()
-        column_peaks = magnitudes.amax(dim=0)
+        native = native_int8_gemm.is_supported(x, self.codes.shape[0])
+        magnitudes = None if native else x.abs()
+        # NOTE: the native peaks are x's own values (|x| and max are exact): compared in x's
+        # dtype, they pick the columns PyTorch's ops pick
+        column_peaks = (
+            native_int8_gemm.column_peaks(x).to(x.dtype)
+            if magnitudes is None
+            else magnitudes.amax(dim=0)
+        )
         outliers = (column_peaks > OUTLIER_RATIO * column_peaks.median()).nonzero().squeeze(1)
         max_outliers = int(MAX_OUTLIER_SHARE * x.shape[1])
         if outliers.numel() > max_outliers:
             outliers = column_peaks.topk(max_outliers).indices
-        native = native_int8_gemm.is_supported(x, self.codes.shape[0])
-        if native:
+        if magnitudes is None:
             skip = torch.zeros(x.shape[1], dtype=torch.uint8)
             skip[outliers] = 1
             codes, token_scales = native_int8_gemm.code_tokens(x, skip)
         else:
             codes, token_scales = _code_tokens(x, magnitudes, outliers)
-        sums = torch._int_mm(codes, self.codes.t())
-        if native:
-            y = native_int8_gemm.scale_sums(sums, token_scales, self.scales, x.dtype, out=out)
+        if self.packed is None:
+            y = self._unpacked_product(codes, token_scales, x.dtype, native, out)
         else:
-            y = sums.float().mul_(token_scales).mul_(self.scales).to(x.dtype)
+            # NOTE: the row scales applied by oneDNN, the token scales after, each product
+            # rounded to x's dtype (twice where it is bf16: a float32 result took the 1.5B's
+            # 512-token gate_up from ~4.5 to ~14 ms on an AMX Xeon, for less than the codes'
+            # own error)
+            y = _packed_product(codes, self.packed, self.scales, x.dtype)
+            if native:  # the token scales and the outlier columns in one pass
+                return native_int8_gemm.finish_rows(
+                    y,
+                    token_scales,
+                    x.index_select(1, outliers),
+                    outliers,
+                    self.codes.t(),
+                    self.scales,
+                    out=out,
+                )
+            y = y.mul_(token_scales.to(x.dtype))
             if out is not None:
                 y = out.copy_(y)
         if outliers.numel():
-            # NOTE: rows of W^T: a few rows copied whatever the codes' layout (index_select on
-            # the columns of a transposed view first copied all of it)
-            weight_rows = self.codes.t().index_select(0, outliers).float() * self.scales
-            y.addmm_(x.index_select(1, outliers), weight_rows.to(x.dtype))
+            self._add_outlier_product(x, outliers, y)
         return y
+
+    def _add_outlier_product(
+        self, x: torch.Tensor, outliers: torch.Tensor, y: torch.Tensor
+    ) -> None:
+        """y += x's `outliers` columns @ those rows of W^T, in x's dtype.
+
+        NOTE: the columns padded with zeros to a power of two: oneDNN compiles a GEMM for each
+        new shape, and a count that changes every call recompiled it every call (a fifth of a
+        32-sequence decode step of the 1.5B on an AMX Xeon went to its JIT)."""
+        num_outliers = outliers.numel()
+        num_padded = max(MIN_OUTLIER_COLUMNS, 1 << (num_outliers - 1).bit_length())
+        if num_padded > num_outliers:
+            outliers = torch.cat([outliers, outliers.new_zeros(num_padded - num_outliers)])
+        # NOTE: rows of W^T: a few rows copied whatever the codes' layout (index_select on
+        # the columns of a transposed view first copied all of it)
+        weight_rows = self.codes.t().index_select(0, outliers).float() * self.scales
+        weight_rows[num_outliers:] = 0
+        y.addmm_(x.index_select(1, outliers), weight_rows.to(x.dtype))
+
+    def _unpacked_product(
+        self,
+        codes: torch.Tensor,
+        token_scales: torch.Tensor,
+        dtype: torch.dtype,
+        native: bool,
+        out: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """codes [tokens, in] @ W^T's codes by `torch._int_mm`, scaled back to `dtype`."""
+        sums = torch._int_mm(codes, self.codes.t())
+        if native:
+            return native_int8_gemm.scale_sums(sums, token_scales, self.scales, dtype, out=out)
+        y = sums.float().mul_(token_scales).mul_(self.scales).to(dtype)
+        return y if out is None else out.copy_(y)
+
+
+def _packed_product(
+    codes: torch.Tensor, packed: torch.Tensor, row_scales: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """codes [tokens, in] (int8) @ the packed weight's codes, times `row_scales`, in `dtype`."""
+    zero_points = torch.zeros(row_scales.shape, dtype=torch.int32)
+    # NOTE: activations symmetric (zero point 0) with scale 1: their per-token scales are the
+    # caller's to apply, which oneDNN's per-tensor activation scale cannot express. (As uint8
+    # codes + 128 with zero point 128, oneDNN's native pairing, a 32-token gate_up of the 1.5B
+    # ran faster alone, but the model's steps 1-2% slower with the pass that shifts them.)
+    y: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
+        codes, 1.0, 0, packed, row_scales, zero_points, None, 1.0, 0, dtype, "none", [], ""
+    )
+    return y
 
 
 def _code_tokens(

@@ -149,10 +149,14 @@ class QuantizedLinear(nn.Module):
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
         return self.dense_weight.nbytes
 
-    def keep_int8_gemm_weight(self, max_kernel_tokens: int) -> int:
+    def keep_int8_gemm_weight(self, max_kernel_tokens: int, *, packed: bool = False) -> int:
         """Keep the weight as int8 codes per row for steps of more than `max_kernel_tokens`
-        tokens, which then run one integer GEMM (layers/int8_gemm.py); the bytes the copy takes."""
+        tokens, which then run one integer GEMM (layers/int8_gemm.py); the bytes the copy takes.
+        `packed`: also in oneDNN's packed layout where it runs
+        (`Int8GemmWeight.packed_for_onednn`)."""
         self.int8_gemm_weight = self.make_int8_gemm_weight()
+        if packed:
+            self.int8_gemm_weight = self.int8_gemm_weight.packed_for_onednn()
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
         return self.int8_gemm_weight.nbytes
 

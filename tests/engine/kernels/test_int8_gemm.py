@@ -1,6 +1,7 @@
-"""The integer GEMM's native coding and scaling passes (csrc/int8_gemm.c) against the PyTorch
-ops they replace (layers/int8_gemm.py), bit for bit, at every instruction set level the CPU has
-and for both activation types."""
+"""The integer GEMM's native coding, scaling, column-peak and finishing passes
+(csrc/int8_gemm.c) against the PyTorch ops they replace (layers/int8_gemm.py), bit for bit where
+they do the same float32 operations, at every instruction set level the CPU has and for both
+activation types."""
 
 from __future__ import annotations
 
@@ -59,6 +60,53 @@ def test_native_scaled_sums_are_pytorchs(num_tokens, out_features, isa_level, dt
     written = int8_gemm.scale_sums(sums, token_scales, row_scales, dtype, out=result[1:-1])
     assert written.data_ptr() == result[1].data_ptr() and torch.equal(result[1:-1], expected)
     assert (result[0] == 7).all() and (result[-1] == 7).all()
+
+
+@needs_kernel
+@pytest.mark.parametrize(("num_tokens", "in_features"), [(1, 16), (7, 576), (130, 1536)])
+def test_native_column_peaks_are_pytorchs(num_tokens, in_features, isa_level, dtype) -> None:
+    x = activations(num_tokens, in_features, dtype)
+    peaks = int8_gemm.column_peaks(x)
+    assert peaks.dtype == torch.float32
+    assert torch.equal(peaks, x.abs().amax(dim=0).float())
+
+
+@needs_kernel
+@pytest.mark.parametrize(
+    ("num_tokens", "out_features", "num_outliers"), [(1, 16, 0), (6, 272, 3), (33, 1040, 37)]
+)
+def test_finished_rows_are_the_token_scaled_rows_plus_the_outlier_product(
+    num_tokens, out_features, num_outliers, isa_level, dtype
+) -> None:
+    """Row blocks of 4 with a partial last one, column chunks of 256 with a partial last one;
+    the outlier product's float32 sums in another order than PyTorch's matmul, so compared
+    within float32 rounding before the one rounding to the activation type."""
+    generator = torch.Generator().manual_seed(num_tokens + out_features)
+    in_features = 96
+    y = torch.randn(num_tokens, out_features, generator=generator).to(dtype)
+    token_scales = torch.rand(num_tokens, 1, generator=generator) / 127
+    codes_t = torch.randint(-127, 128, (in_features, out_features), generator=generator)
+    codes_t = codes_t.to(torch.int8)
+    row_scales = torch.rand(out_features, generator=generator) / 127
+    outlier_ids = torch.randperm(in_features, generator=generator)[:num_outliers]
+    outlier_x = torch.randn(num_tokens, num_outliers, generator=generator) * 30
+    expected = y.float() * token_scales + (outlier_x @ codes_t[outlier_ids].float()) * row_scales
+    finished = int8_gemm.finish_rows(
+        y.clone(), token_scales, outlier_x, outlier_ids, codes_t, row_scales
+    )
+    assert finished.dtype == dtype
+    # one rounding to bf16: half a step of 8 bits, of the largest value at most
+    tolerance = {torch.float32: 1e-6, torch.bfloat16: 2**-8}[dtype]
+    error = (finished.float() - expected).abs().max()
+    assert float(error) <= tolerance * float(expected.abs().max())
+    # into a block of rows of a larger result, leaving y and the rest as they were
+    result = torch.full((num_tokens + 2, out_features), 7.0, dtype=dtype)
+    kept = y.clone()
+    written = int8_gemm.finish_rows(
+        y, token_scales, outlier_x, outlier_ids, codes_t, row_scales, out=result[1:-1]
+    )
+    assert written.data_ptr() == result[1].data_ptr() and torch.equal(result[1:-1], finished)
+    assert torch.equal(y, kept) and (result[0] == 7).all() and (result[-1] == 7).all()
 
 
 @needs_kernel

@@ -5,7 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inference.engine.layers.int8_gemm import MAX_OUTLIER_SHARE, ROWS_PER_GEMM, Int8GemmWeight
+from inference.engine.layers.int8_gemm import (
+    MAX_OUTLIER_SHARE,
+    ROWS_PER_GEMM,
+    Int8GemmWeight,
+    packed_int8_gemm_available,
+)
+
+needs_packing = pytest.mark.skipif(
+    not packed_int8_gemm_available(), reason="this PyTorch build has no oneDNN int8 linear"
+)
 
 
 def relative_error(y: torch.Tensor, expected: torch.Tensor) -> float:
@@ -84,3 +93,54 @@ def test_a_step_of_no_tokens_gives_no_rows(generator) -> None:
     gemm = Int8GemmWeight.from_rows(torch.randn(32, 64, generator=generator))
     y = gemm.matmul(torch.empty(0, 64, dtype=torch.bfloat16))
     assert y.shape == (0, 32) and y.dtype == torch.bfloat16
+
+
+def test_outlier_counts_between_powers_of_two_are_padded_without_adding_to_the_product(
+    generator,
+) -> None:
+    """Three outlier columns go through a float product of eight (padded: oneDNN compiles a
+    GEMM per shape); the padding repeats column 0, which must add nothing."""
+    weight = torch.randn(64, 512, generator=generator)
+    x = torch.randn(24, 512, generator=generator)
+    x[:, [5, 9, 11]] = 200.0
+    x[:, 0] = 4.0  # counted five more times, it would move the product by ~10%
+    gemm = Int8GemmWeight.from_rows(weight)
+    # the weight as its codes hold it: what is left is the other columns' activation codes
+    coded_weight = gemm.codes.float() * gemm.scales[:, None]
+    expected = x @ coded_weight.T
+    others = x.index_fill(1, torch.tensor([5, 9, 11]), 0) @ coded_weight.T
+    assert float((gemm.matmul(x) - expected).norm() / others.norm()) < 0.02
+
+
+@needs_packing
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_tokens", [1, 9, 32, ROWS_PER_GEMM * 2 + 3])
+def test_packed_codes_multiply_as_the_plain_ones(generator, dtype, num_tokens) -> None:
+    """The same int32 sums (oneDNN's against torch._int_mm), scaled back; in bf16 rounded
+    twice (row scales, then token scales) where the plain path rounds once."""
+    weight = torch.randn(96, 256, generator=generator)
+    x = torch.randn(num_tokens, 256, generator=generator)
+    x[:, 3] = 90.0  # an outlier column: multiplied in float either way
+    x = x.to(dtype)
+    plain = Int8GemmWeight.from_rows(weight)
+    packed = plain.packed_for_onednn()
+    assert packed.packed is not None and plain.packed is None
+    y = packed.matmul(x)
+    assert y.dtype == dtype and y.shape == (num_tokens, 96)
+    # float32: the same sums scaled in another order; bf16: a step of 8 bits of the largest
+    # output at most (a value between two bf16 numbers may round either way)
+    tolerance = 1e-6 if dtype == torch.float32 else 2**-7
+    expected = plain.matmul(x).float()
+    assert float((y.float() - expected).abs().max()) <= tolerance * float(expected.abs().max())
+    assert relative_error(y, x.float() @ weight.T) < 0.02
+
+
+@needs_packing
+def test_packed_codes_keep_the_plain_ones_as_w_transposed_and_count_both(generator) -> None:
+    """The plain codes serve the outlier columns' float product: rows of W^T, read in order."""
+    plain = Int8GemmWeight.from_rows(torch.randn(48, 160, generator=generator))
+    packed = plain.packed_for_onednn()
+    assert packed.packed_for_onednn() is packed
+    assert packed.codes.t().is_contiguous() and torch.equal(packed.codes, plain.codes)
+    assert torch.equal(packed.scales, plain.scales)
+    assert packed.nbytes == 2 * 48 * 160 + 48 * 4

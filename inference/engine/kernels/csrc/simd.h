@@ -112,6 +112,9 @@ static inline void vf_store_n(float *p, vf x, int64_t n) {
 static inline vf vf_load_u8(const uint8_t *p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
 }
+static inline vf vf_load_i8(const int8_t *p) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
 
 static inline vi vi_zero(void) { return _mm512_setzero_si512(); }
 /* ties to even; the caller keeps |x| < 2^31 */
@@ -274,6 +277,9 @@ static inline void vf_store_n(float *p, vf x, int64_t n) {
 }
 static inline vf vf_load_u8(const uint8_t *p) {
     VF_MAP1(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * i)))));
+}
+static inline vf vf_load_i8(const int8_t *p) {
+    VF_MAP1(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8 * i)))));
 }
 
 static inline vi vi_zero(void) {
@@ -440,6 +446,14 @@ static inline vf vf_load_u8(const uint8_t *p) {
              vcvtq_f32_u32(vmovl_u16(vget_high_u16(low))),
              vcvtq_f32_u32(vmovl_u16(vget_low_u16(high))),
              vcvtq_f32_u32(vmovl_u16(vget_high_u16(high)))}};
+    return r;
+}
+static inline vf vf_load_i8(const int8_t *p) {
+    const int16x8_t low = vmovl_s8(vld1_s8(p)), high = vmovl_s8(vld1_s8(p + 8));
+    vf r = {{vcvtq_f32_s32(vmovl_s16(vget_low_s16(low))),
+             vcvtq_f32_s32(vmovl_s16(vget_high_s16(low))),
+             vcvtq_f32_s32(vmovl_s16(vget_low_s16(high))),
+             vcvtq_f32_s32(vmovl_s16(vget_high_s16(high)))}};
     return r;
 }
 
