@@ -189,8 +189,10 @@ def has_int8_dot_products() -> bool:
     return bool(_INT8_DOT_PRODUCT_FLAGS & cpu_flags())
 
 
+@functools.cache
 def machine() -> str:
-    """The CPU architecture as ISA_LEVELS names it (x86_64, aarch64)."""
+    """The CPU architecture as ISA_LEVELS names it (x86_64, aarch64). Read once per process:
+    every kernel lookup asks (`isa_level`)."""
     return {"AMD64": "x86_64", "arm64": "aarch64"}.get(platform.machine(), platform.machine())
 
 
