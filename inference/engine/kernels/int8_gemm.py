@@ -84,11 +84,7 @@ def scale_sums(
     sums = sums.contiguous()
     if out is None:
         out = torch.empty(sums.shape, dtype=dtype)
-    elif out.shape != sums.shape or out.dtype != dtype or not out.is_contiguous():
-        raise ValueError(
-            f"out must be a contiguous {dtype} tensor of shape {tuple(sums.shape)}; got "
-            f"{out.dtype} {tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}"
-        )
+    _check_out(out, sums.shape, dtype)
     status = require(_scale_sums(dtype), "int8_gemm")(
         sums.data_ptr(), token_scales.data_ptr(), row_scales.data_ptr(), out.data_ptr(),
         sums.shape[0], sums.shape[1], torch.get_num_threads(),
@@ -112,11 +108,7 @@ def finish_rows(
     row_scales, float32 rounded once to y's dtype, into `out` where given (else in place)."""
     if out is None:
         out = y
-    elif out.shape != y.shape or out.dtype != y.dtype or not out.is_contiguous():
-        raise ValueError(
-            f"out must be a contiguous {y.dtype} tensor of shape {tuple(y.shape)}; got "
-            f"{out.dtype} {tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}"
-        )
+    _check_out(out, y.shape, y.dtype)
     if not (y.is_contiguous() and codes_t.is_contiguous() and codes_t.shape[1] == y.shape[1]):
         raise ValueError("y and codes_t must be contiguous, with as many columns")
     outlier_x = outlier_x.float().contiguous()
@@ -129,3 +121,12 @@ def finish_rows(
     if status != 0:
         raise ValueError(f"{y.shape[1]} output features are not a multiple of {LANES}")
     return out
+
+
+def _check_out(out: torch.Tensor, shape: torch.Size, dtype: torch.dtype) -> None:
+    """Raise ValueError unless `out` is a contiguous `dtype` tensor of `shape`."""
+    if out.shape != shape or out.dtype != dtype or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous {dtype} tensor of shape {tuple(shape)}; got "
+            f"{out.dtype} {tuple(out.shape)}{'' if out.is_contiguous() else ' (not contiguous)'}"
+        )
