@@ -83,7 +83,7 @@ def auto_prefill_weights(dtype: torch.dtype, hidden_size: int) -> str:
     sequences reads half the bytes of dense copies: via the API on a 2-vCPU AMX Xeon
     (bench.serving_sweep, 32 concurrent RAG chats, two runs of each alternated) the 1.5B ran
     1.19x the dense copies' speed (78.8 -> 94.0 tok/s); SmolLM2 (576 wide), whose layers are
-    too narrow for the GEMM to outweigh the activations' coding around it, 0.92x. Without AMX
+    too narrow for the GEMM to outweigh the activations' coding around it, 0.93x. Without AMX
     the int8 GEMM runs at about twice the bf16 one on VNNI, and the codes made per step cost no
     memory; SmolLM2 gains too since the GEMM runs in blocks of 512 tokens
     (layers/int8_gemm.ROWS_PER_GEMM): via the API on Zen 4 (five runs of each alternated)
