@@ -115,11 +115,12 @@ def test_outlier_counts_between_powers_of_two_are_padded_without_adding_to_the_p
 @needs_packing
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [1, 9, 32, ROWS_PER_GEMM * 2 + 3])
-def test_packed_codes_multiply_as_the_plain_ones(generator, dtype, num_tokens) -> None:
+@pytest.mark.parametrize("in_features", [256, 72])  # 72: no native passes (not a multiple of 16)
+def test_packed_codes_multiply_as_the_plain_ones(generator, dtype, num_tokens, in_features) -> None:
     """The same int32 sums (oneDNN's against torch._int_mm), scaled back; in bf16 rounded
     twice (row scales, then token scales) where the plain path rounds once."""
-    weight = torch.randn(96, 256, generator=generator)
-    x = torch.randn(num_tokens, 256, generator=generator)
+    weight = torch.randn(96, in_features, generator=generator)
+    x = torch.randn(num_tokens, in_features, generator=generator)
     x[:, 3] = 90.0  # an outlier column: multiplied in float either way
     x = x.to(dtype)
     plain = Int8GemmWeight.from_rows(weight)
