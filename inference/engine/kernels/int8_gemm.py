@@ -23,36 +23,27 @@ _finish_rows = KernelFunction(
     "int8_gemm_finish_rows",
     [_pointer] * 4 + [_size] + [_pointer] * 3 + [_size] * 2 + [ctypes.c_int],
 )
-_column_peaks = KernelFunction(
-    "int8_gemm", "int8_gemm_column_peaks", [_pointer] * 2 + [_size] * 2 + [ctypes.c_int]
+_code_tokens_outliers = KernelFunction(
+    "int8_gemm",
+    "int8_gemm_code_tokens_outliers",
+    [_pointer, _size, _size, ctypes.c_float, _size] + [_pointer] * 4 + [ctypes.c_int],
+    restype=ctypes.c_int64,
 )
 LANES = 16  # csrc: VF_LANES
 
 
 def is_supported(x: torch.Tensor, out_features: int) -> bool:
-    """Whether both passes run natively for activations `x` [tokens, in] and `out_features`."""
+    """Whether the passes run natively for activations `x` [tokens, in] and `out_features`.
+
+    NOTE: one lookup stands for all: they are one library's (int8_gemm.c), and every lookup
+    costs ~1.5 us on a path that runs once per layer and step."""
     return (
         x.device.type == "cpu"
         and x.dim() == 2
         and x.shape[1] % LANES == 0
         and out_features % LANES == 0
-        and _code_tokens(x.dtype) is not None
-        and _scale_sums(x.dtype) is not None
-        and _finish_rows(x.dtype) is not None
-        and _column_peaks(x.dtype) is not None
+        and _code_tokens_outliers(x.dtype) is not None
     )
-
-
-def column_peaks(x: torch.Tensor) -> torch.Tensor:
-    """x [tokens, in] (bf16 or float32) -> float32 [in]: each column's largest |x|."""
-    x = x.contiguous()
-    peaks = torch.empty(x.shape[1], dtype=torch.float32)
-    status = require(_column_peaks(x.dtype), "int8_gemm")(
-        x.data_ptr(), peaks.data_ptr(), x.shape[0], x.shape[1], torch.get_num_threads()
-    )
-    if status != 0:
-        raise ValueError(f"{x.shape[1]} input features are not a multiple of {LANES}")
-    return peaks
 
 
 def code_tokens(x: torch.Tensor, skip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,6 +60,33 @@ def code_tokens(x: torch.Tensor, skip: torch.Tensor) -> tuple[torch.Tensor, torc
     if status != 0:
         raise ValueError(f"{x.shape[1]} input features are not a multiple of {LANES}")
     return codes, scales
+
+
+def code_tokens_outliers(
+    x: torch.Tensor, ratio: float, max_outliers: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x [tokens, in] (bf16 or float32) -> (int8 codes [tokens, in], float32 scales [tokens, 1],
+    outlier columns int64 [n] ascending, their values float32 [tokens, n]): a column is an
+    outlier when its peak |x| passes `ratio` times the median column's peak (the lower middle
+    one, the product in x's dtype), at most `max_outliers` of them, the largest; the tokens are
+    coded as `code_tokens` codes them with those columns skipped."""
+    x = x.contiguous()
+    num_tokens, in_features = x.shape
+    codes = torch.empty(x.shape, dtype=torch.int8)
+    scales = torch.empty(num_tokens, 1, dtype=torch.float32)
+    outlier_ids = torch.empty(max(max_outliers, 1), dtype=torch.int64)
+    outlier_x = torch.empty(num_tokens * max(max_outliers, 1), dtype=torch.float32)
+    num_outliers = require(_code_tokens_outliers(x.dtype), "int8_gemm")(
+        x.data_ptr(), num_tokens, in_features, ratio, max_outliers, codes.data_ptr(),
+        scales.data_ptr(), outlier_ids.data_ptr(), outlier_x.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    if num_outliers == -1:
+        raise ValueError(f"{in_features} input features are not a multiple of {LANES}")
+    if num_outliers < 0:
+        raise MemoryError("int8_gemm_code_tokens_outliers could not allocate its buffers")
+    # NOTE: the kernel wrote the values as rows of num_outliers
+    values = outlier_x[: num_tokens * num_outliers].view(num_tokens, num_outliers)
+    return codes, scales, outlier_ids[:num_outliers], values
 
 
 def scale_sums(

@@ -145,24 +145,19 @@ class Int8GemmWeight:
     def _matmul_rows(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """`matmul` of at most `ROWS_PER_GEMM` tokens, into `out` (rows of a contiguous
         result) where given."""
-        native = native_int8_gemm.is_supported(x, self.codes.shape[0])
-        magnitudes = None if native else x.abs()
-        # NOTE: the native peaks are x's own values (|x| and max are exact): compared in x's
-        # dtype, they pick the columns PyTorch's ops pick
-        column_peaks = (
-            native_int8_gemm.column_peaks(x).to(x.dtype)
-            if magnitudes is None
-            else magnitudes.amax(dim=0)
-        )
-        outliers = (column_peaks > OUTLIER_RATIO * column_peaks.median()).nonzero().squeeze(1)
         max_outliers = int(MAX_OUTLIER_SHARE * x.shape[1])
-        if outliers.numel() > max_outliers:
-            outliers = column_peaks.topk(max_outliers).indices
-        if magnitudes is None:
-            skip = torch.zeros(x.shape[1], dtype=torch.uint8)
-            skip[outliers] = 1
-            codes, token_scales = native_int8_gemm.code_tokens(x, skip)
+        native = native_int8_gemm.is_supported(x, self.codes.shape[0])
+        if native:  # the peaks, the outliers, the codes and the outliers' values in one call
+            codes, token_scales, outliers, outlier_x = native_int8_gemm.code_tokens_outliers(
+                x, OUTLIER_RATIO, max_outliers
+            )
         else:
+            magnitudes = x.abs()
+            column_peaks = magnitudes.amax(dim=0)
+            median = column_peaks.median()
+            outliers = (column_peaks > OUTLIER_RATIO * median).nonzero().squeeze(1)
+            if outliers.numel() > max_outliers:
+                outliers = column_peaks.topk(max_outliers).indices
             codes, token_scales = _code_tokens(x, magnitudes, outliers)
         if self.packed is None:
             y = self._unpacked_product(codes, token_scales, x.dtype, native, out)
@@ -174,13 +169,7 @@ class Int8GemmWeight:
             y = _packed_product(codes, self.packed, self.scales, x.dtype)
             if native:  # the token scales and the outlier columns in one pass
                 return native_int8_gemm.finish_rows(
-                    y,
-                    token_scales,
-                    x.index_select(1, outliers),
-                    outliers,
-                    self.codes.t(),
-                    self.scales,
-                    out=out,
+                    y, token_scales, outlier_x, outliers, self.codes.t(), self.scales, out=out
                 )
             y = y.mul_(token_scales.to(x.dtype))
             if out is not None:

@@ -62,13 +62,46 @@ def test_native_scaled_sums_are_pytorchs(num_tokens, out_features, isa_level, dt
     assert (result[0] == 7).all() and (result[-1] == 7).all()
 
 
+def pytorch_outliers(x: torch.Tensor, ratio: float, max_outliers: int) -> torch.Tensor:
+    """layers/int8_gemm.py's choice of outlier columns in PyTorch ops, ascending."""
+    column_peaks = x.abs().amax(dim=0)
+    outliers = (column_peaks > ratio * column_peaks.median()).nonzero().squeeze(1)
+    if outliers.numel() > max_outliers:
+        outliers = column_peaks.topk(max_outliers).indices
+    return outliers.sort().values
+
+
 @needs_kernel
-@pytest.mark.parametrize(("num_tokens", "in_features"), [(1, 16), (7, 576), (130, 1536)])
-def test_native_column_peaks_are_pytorchs(num_tokens, in_features, isa_level, dtype) -> None:
-    x = activations(num_tokens, in_features, dtype)
-    peaks = int8_gemm.column_peaks(x)
-    assert peaks.dtype == torch.float32
-    assert torch.equal(peaks, x.abs().amax(dim=0).float())
+@pytest.mark.parametrize(
+    ("num_tokens", "in_features", "num_large", "max_outliers"),
+    [(1, 16, 0, 0), (7, 576, 2, 18), (37, 1536, 40, 48), (130, 8960, 900, 280)],
+)
+def test_native_outliers_codes_and_outlier_values_are_pytorchs(
+    num_tokens, in_features, num_large, max_outliers, isa_level, dtype
+) -> None:
+    """The columns picked (past the cap: the largest), the tokens coded without them, and their
+    values: what layers/int8_gemm.py's PyTorch path computes, bit for bit."""
+    generator = torch.Generator().manual_seed(num_tokens + in_features)
+    x = torch.randn(num_tokens, in_features, generator=generator)
+    # large columns of distinct sizes (no ties at the cap), some of them past the threshold
+    x[:, :num_large] *= torch.rand(num_large, generator=generator) * 20 + 1
+    x = x.to(dtype)
+    codes, scales, outliers, values = int8_gemm.code_tokens_outliers(x, 6.0, max_outliers)
+    expected = pytorch_outliers(x, 6.0, max_outliers)
+    assert torch.equal(outliers, expected)
+    assert 0 < outliers.numel() <= max_outliers or max_outliers == 0 or num_large == 0
+    expected_codes, expected_scales = _code_tokens(x, x.abs(), expected)
+    assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
+    assert values.shape == (num_tokens, outliers.numel()) and values.is_contiguous()
+    assert torch.equal(values, x[:, outliers].float())
+
+
+@needs_kernel
+def test_the_outlier_cap_keeps_the_largest_columns(dtype) -> None:
+    x = torch.ones(4, 64)
+    x[:, 10], x[:, 20], x[:, 30] = 50.0, 90.0, 70.0  # three past 6x the median, room for two
+    _, _, outliers, values = int8_gemm.code_tokens_outliers(x.to(dtype), 6.0, 2)
+    assert outliers.tolist() == [20, 30] and values[0].tolist() == [90.0, 70.0]
 
 
 @needs_kernel

@@ -6,9 +6,12 @@
  *   columns, code = x / scale rounded to nearest even;
  * - int8_gemm_scale_sums: the int32 sums [m, n] -> y [m, n] of act_t, y = sum * token scale *
  *   row scale, rounded once to act_t.
- * - int8_gemm_column_peaks: each column's largest |x| over the step's tokens, which picks the
- *   outlier columns (PyTorch's abs and amax took two passes and a copy: 2.1 ms for the 1.5B's
- *   down_proj at 512 tokens on an AMX Xeon);
+ * - int8_gemm_code_tokens_outliers: the step's whole preparation in one call: each column's
+ *   peak |x| (PyTorch's abs and amax took two passes and a copy, 2.1 ms for the 1.5B's
+ *   down_proj at 512 tokens on an AMX Xeon), the outlier columns picked from them as
+ *   layers/int8_gemm.py picks them, the tokens coded without them and the outlier columns
+ *   gathered in float32 (a dozen PyTorch ops and native calls took ~60 us a layer at 32
+ *   tokens whatever its size, more than SmolLM2's GEMMs);
  * - int8_gemm_finish_rows: for oneDNN's packed GEMM, whose result comes already times the row
  *   scales (one scale per tensor of activations is all it takes): y * token scale plus the
  *   outlier columns' float product, in one pass over y (PyTorch's mul_ and a GEMM of a few
@@ -20,6 +23,8 @@
  * (Zen 4).
  */
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 #include "simd.h"
@@ -121,7 +126,7 @@ int int8_gemm_finish_rows(const act_t *y, const float *token_scales, const float
 
 /* x [m, k] (k a multiple of 16) -> peaks [k] float32: max over the rows of |x|. Returns 0, or
  * -1 for a k the kernel does not take. */
-int int8_gemm_column_peaks(const act_t *x, float *peaks, int64_t m, int64_t k, int num_threads) {
+static int column_peaks(const act_t *x, float *peaks, int64_t m, int64_t k, int num_threads) {
     if (k % VF_LANES) return -1;
     const int64_t num_chunks = (k + PEAK_COLUMNS - 1) / PEAK_COLUMNS;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m * k > 4096)
@@ -141,4 +146,107 @@ int int8_gemm_column_peaks(const act_t *x, float *peaks, int64_t m, int64_t k, i
         }
     }
     return 0;
+}
+
+/* A float32 value in the activation type and back (bf16: rounded to nearest even), as PyTorch
+ * rounds a product of a bf16 tensor and a Python float. */
+static float rounded_to_act(float value) {
+    float lanes[VF_LANES];
+    vf_store(lanes, round_act(vf_set1(value)));
+    return lanes[0];
+}
+
+static float act_to_float(const act_t *p) {
+    float lanes[VF_LANES];
+    act_t values[VF_LANES] = {0};
+    values[0] = *p;
+    vf_store(lanes, load_act(values));
+    return lanes[0];
+}
+
+/* The element that would be at `rank` of values[0..n) sorted ascending (values reordered). */
+static float select_rank(float *values, int64_t n, int64_t rank) {
+    int64_t low = 0, high = n - 1;
+    while (low < high) {
+        const float pivot = values[low + (high - low) / 2];
+        int64_t i = low, j = high;
+        while (i <= j) {
+            while (values[i] < pivot) ++i;
+            while (values[j] > pivot) --j;
+            if (i <= j) {
+                const float swap = values[i];
+                values[i++] = values[j];
+                values[j--] = swap;
+            }
+        }
+        if (rank <= j) {
+            high = j;
+        } else if (rank >= i) {
+            low = i;
+        } else {
+            return values[rank];
+        }
+    }
+    return values[rank];
+}
+
+typedef struct {
+    float peak;
+    int64_t column;
+} column_peak;
+
+/* The larger peak first; the lower column among equal ones. */
+static int larger_peak_first(const void *a, const void *b) {
+    const column_peak *x = a, *y = b;
+    if (x->peak != y->peak) return x->peak > y->peak ? -1 : 1;
+    return (x->column > y->column) - (x->column < y->column);
+}
+
+static int ascending_columns(const void *a, const void *b) {
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* x [m, k] (k a multiple of 16) -> codes [m, k], token_scales [m], the outlier columns
+ * outlier_ids [n] (ascending; n <= max_outliers) and outlier_x [m, n] float32 (x's values
+ * there, rows of n): a column is an outlier when its peak |x| passes ratio times the median
+ * column's peak (the lower middle one, that product rounded to the activation type); past
+ * max_outliers the largest peaks are kept. The other columns are coded as int8_gemm_code_tokens
+ * codes them, the outliers coded 0. Returns n, or -1 for a k the kernel does not take, -2 where
+ * memory ran out. */
+int64_t int8_gemm_code_tokens_outliers(const act_t *x, int64_t m, int64_t k, float ratio,
+                                       int64_t max_outliers, int8_t *codes,
+                                       float *token_scales, int64_t *outlier_ids,
+                                       float *outlier_x, int num_threads) {
+    if (k % VF_LANES) return -1;
+    float *peaks = malloc(sizeof(float) * (size_t)k);
+    float *ordered = malloc(sizeof(float) * (size_t)k);
+    column_peak *candidates = malloc(sizeof(column_peak) * (size_t)k);
+    uint8_t *skip = calloc((size_t)k, 1);
+    if (!peaks || !ordered || !candidates || !skip) {
+        free(peaks), free(ordered), free(candidates), free(skip);
+        return -2;
+    }
+    column_peaks(x, peaks, m, k, num_threads);
+    memcpy(ordered, peaks, sizeof(float) * (size_t)k);
+    const float threshold = rounded_to_act(ratio * select_rank(ordered, k, (k - 1) / 2));
+    int64_t num_candidates = 0;
+    for (int64_t c = 0; c < k; ++c) {
+        if (peaks[c] > threshold) candidates[num_candidates++] = (column_peak){peaks[c], c};
+    }
+    if (num_candidates > max_outliers) {
+        qsort(candidates, (size_t)num_candidates, sizeof(column_peak), larger_peak_first);
+        num_candidates = max_outliers;
+    }
+    for (int64_t j = 0; j < num_candidates; ++j) outlier_ids[j] = candidates[j].column;
+    qsort(outlier_ids, (size_t)num_candidates, sizeof(int64_t), ascending_columns);
+    for (int64_t j = 0; j < num_candidates; ++j) skip[outlier_ids[j]] = 1;
+    int8_gemm_code_tokens(x, skip, codes, token_scales, m, k, num_threads);
+    for (int64_t t = 0; t < m; ++t) {
+        for (int64_t j = 0; j < num_candidates; ++j) {
+            outlier_x[t * num_candidates + j] = act_to_float(x + t * k + outlier_ids[j]);
+        }
+    }
+    free(peaks), free(ordered), free(candidates), free(skip);
+    return num_candidates;
 }
