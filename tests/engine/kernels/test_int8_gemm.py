@@ -162,3 +162,5 @@ def test_widths_that_are_not_a_multiple_of_16_are_refused(dtype) -> None:
     assert not int8_gemm.is_supported(torch.zeros(2, 16, dtype=dtype), 40)
     with pytest.raises(ValueError, match="not a multiple of 16"):
         int8_gemm.code_tokens(torch.zeros(2, 24, dtype=dtype), torch.zeros(24, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="not a multiple of 16"):
+        int8_gemm.code_tokens_outliers(torch.zeros(2, 24, dtype=dtype), 6.0, 1)
