@@ -153,11 +153,7 @@ class Int8GemmWeight:
             )
         else:
             magnitudes = x.abs()
-            column_peaks = magnitudes.amax(dim=0)
-            median = column_peaks.median()
-            outliers = (column_peaks > OUTLIER_RATIO * median).nonzero().squeeze(1)
-            if outliers.numel() > max_outliers:
-                outliers = column_peaks.topk(max_outliers).indices
+            outliers = outlier_columns(magnitudes.amax(dim=0), max_outliers)
             codes, token_scales = _code_tokens(x, magnitudes, outliers)
         if self.packed is None:
             y = self._unpacked_product(codes, token_scales, x.dtype, native, out)
@@ -175,26 +171,28 @@ class Int8GemmWeight:
             if out is not None:
                 y = out.copy_(y)
         if outliers.numel():
-            self._add_outlier_product(x, outliers, y)
+            # NOTE: the native call gathered the outliers' values already
+            values = outlier_x.to(x.dtype) if native else x.index_select(1, outliers)
+            self._add_outlier_product(values, outliers, y)
         return y
 
     def _add_outlier_product(
-        self, x: torch.Tensor, outliers: torch.Tensor, y: torch.Tensor
+        self, values: torch.Tensor, outliers: torch.Tensor, y: torch.Tensor
     ) -> None:
-        """y += x's `outliers` columns @ those rows of W^T, in x's dtype.
+        """y += values [tokens, n] (x's `outliers` columns) @ those rows of W^T, in y's dtype.
 
         NOTE: the columns padded with zeros to a power of two: oneDNN compiles a GEMM for each
         new shape, and a count that changes every call recompiled it every call (a fifth of a
         32-sequence decode step of the 1.5B on an AMX Xeon went to its JIT)."""
         num_outliers = outliers.numel()
         num_padded = max(MIN_OUTLIER_COLUMNS, 1 << (num_outliers - 1).bit_length())
-        if num_padded > num_outliers:
+        if num_padded > num_outliers:  # zero values times column 0's weights add nothing
             outliers = torch.cat([outliers, outliers.new_zeros(num_padded - num_outliers)])
+            values = torch.nn.functional.pad(values, (0, num_padded - num_outliers))
         # NOTE: rows of W^T: a few rows copied whatever the codes' layout (index_select on
         # the columns of a transposed view first copied all of it)
         weight_rows = self.codes.t().index_select(0, outliers).float() * self.scales
-        weight_rows[num_outliers:] = 0
-        y.addmm_(x.index_select(1, outliers), weight_rows.to(x.dtype))
+        y.addmm_(values, weight_rows.to(y.dtype))
 
     def _unpacked_product(
         self,
@@ -210,6 +208,17 @@ class Int8GemmWeight:
             return native_int8_gemm.scale_sums(sums, token_scales, self.scales, dtype, out=out)
         y = sums.float().mul_(token_scales).mul_(self.scales).to(dtype)
         return y if out is None else out.copy_(y)
+
+
+def outlier_columns(column_peaks: torch.Tensor, max_outliers: int) -> torch.Tensor:
+    """The outlier columns of a step from `column_peaks` (each input column's largest |x| in
+    it, in x's dtype): those past `OUTLIER_RATIO` times the median column's peak, at most
+    `max_outliers` of them, the largest. PyTorch's ops; kernels/int8_gemm.py's
+    `code_tokens_outliers` picks the same columns natively."""
+    outliers = (column_peaks > OUTLIER_RATIO * column_peaks.median()).nonzero().squeeze(1)
+    if outliers.numel() > max_outliers:
+        outliers = column_peaks.topk(max_outliers).indices
+    return outliers
 
 
 def _packed_product(

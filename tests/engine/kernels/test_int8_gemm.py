@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from inference.engine.kernels import int8_gemm
-from inference.engine.layers.int8_gemm import _code_tokens
+from inference.engine.layers.int8_gemm import OUTLIER_RATIO, _code_tokens, outlier_columns
 
 needs_kernel = pytest.mark.skipif(
     not int8_gemm.is_supported(torch.zeros(1, 16), 16),
@@ -62,13 +62,9 @@ def test_native_scaled_sums_are_pytorchs(num_tokens, out_features, isa_level, dt
     assert (result[0] == 7).all() and (result[-1] == 7).all()
 
 
-def pytorch_outliers(x: torch.Tensor, ratio: float, max_outliers: int) -> torch.Tensor:
+def pytorch_outliers(x: torch.Tensor, max_outliers: int) -> torch.Tensor:
     """layers/int8_gemm.py's choice of outlier columns in PyTorch ops, ascending."""
-    column_peaks = x.abs().amax(dim=0)
-    outliers = (column_peaks > ratio * column_peaks.median()).nonzero().squeeze(1)
-    if outliers.numel() > max_outliers:
-        outliers = column_peaks.topk(max_outliers).indices
-    return outliers.sort().values
+    return outlier_columns(x.abs().amax(dim=0), max_outliers).sort().values
 
 
 @needs_kernel
@@ -86,8 +82,8 @@ def test_native_outliers_codes_and_outlier_values_are_pytorchs(
     # large columns of distinct sizes (no ties at the cap), some of them past the threshold
     x[:, :num_large] *= torch.rand(num_large, generator=generator) * 20 + 1
     x = x.to(dtype)
-    codes, scales, outliers, values = int8_gemm.code_tokens_outliers(x, 6.0, max_outliers)
-    expected = pytorch_outliers(x, 6.0, max_outliers)
+    codes, scales, outliers, values = int8_gemm.code_tokens_outliers(x, OUTLIER_RATIO, max_outliers)
+    expected = pytorch_outliers(x, max_outliers)
     assert torch.equal(outliers, expected)
     assert 0 < outliers.numel() <= max_outliers or max_outliers == 0 or num_large == 0
     expected_codes, expected_scales = _code_tokens(x, x.abs(), expected)

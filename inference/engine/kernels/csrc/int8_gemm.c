@@ -156,12 +156,16 @@ static float rounded_to_act(float value) {
     return lanes[0];
 }
 
-static float act_to_float(const act_t *p) {
-    float lanes[VF_LANES];
-    act_t values[VF_LANES] = {0};
-    values[0] = *p;
-    vf_store(lanes, load_act(values));
-    return lanes[0];
+/* One activation as float32 (bf16: its bits are a float32's upper half). */
+static float act_to_float(act_t value) {
+#ifdef CACHET_ACTIVATION_FLOAT32
+    return value;
+#else
+    const uint32_t bits = (uint32_t)value << 16;
+    float converted;
+    memcpy(&converted, &bits, sizeof converted);
+    return converted;
+#endif
 }
 
 /* The element that would be at `rank` of values[0..n) sorted ascending (values reordered). */
@@ -244,7 +248,7 @@ int64_t int8_gemm_code_tokens_outliers(const act_t *x, int64_t m, int64_t k, flo
     int8_gemm_code_tokens(x, skip, codes, token_scales, m, k, num_threads);
     for (int64_t t = 0; t < m; ++t) {
         for (int64_t j = 0; j < num_candidates; ++j) {
-            outlier_x[t * num_candidates + j] = act_to_float(x + t * k + outlier_ids[j]);
+            outlier_x[t * num_candidates + j] = act_to_float(x[t * k + outlier_ids[j]]);
         }
     }
     free(peaks), free(ordered), free(candidates), free(skip);
