@@ -57,6 +57,7 @@ def run_benchmark(
         INT8_CODES_PER_STEP_KERNEL_TOKENS,
         INT8_GEMM_KERNEL_TOKENS,
         dense_kernel_token_limit,
+        packed_int8_kernel_tokens,
         packs_int8_gemm_weights,
     )
 
@@ -79,7 +80,7 @@ def run_benchmark(
     for setting, limit in (
         ("dense", dense_kernel_token_limit()),
         ("int8-kept", INT8_GEMM_KERNEL_TOKENS),
-        (PACKED, INT8_GEMM_KERNEL_TOKENS),
+        (PACKED, packed_int8_kernel_tokens(runner.model.args.hidden_size)),
     ):
         if setting not in settings:
             continue

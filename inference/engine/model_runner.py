@@ -76,8 +76,9 @@ def dense_kernel_token_limit() -> int:
 def auto_prefill_weights(dtype: torch.dtype, hidden_size: int) -> str:
     """What `prefill_weights="auto"` keeps on this CPU for a model in `dtype`: with AMX in bf16,
     "int8" (codes kept, packed) for models at least `PACKED_INT8_MIN_HIDDEN_SIZE` wide, else
-    "dense"; "int8" (codes made per step) on other CPUs with int8 dot products (VNNI); else
-    "quantized".
+    "dense"; "int8" on other CPUs with int8 dot products (VNNI): codes kept and packed in bf16
+    (`packs_int8_gemm_weights`), made per step in float32 or where packed ones would not fit
+    (`ModelRunner._keep_prefill_weights`); else "quantized".
 
     NOTE: with AMX, packed int8 codes run oneDNN's int8 tiles, and a decode step of many
     sequences reads half the bytes of dense copies: via the API on a 2-vCPU AMX Xeon
@@ -87,7 +88,10 @@ def auto_prefill_weights(dtype: torch.dtype, hidden_size: int) -> str:
     the int8 GEMM runs at about twice the bf16 one on VNNI, and the codes made per step cost no
     memory; SmolLM2 gains too since the GEMM runs in blocks of 512 tokens
     (layers/int8_gemm.ROWS_PER_GEMM): via the API on Zen 4 (five runs of each alternated)
-    1.06x quantized's speed (147.5 -> 155.9 tok/s), where blocks of 128 had made it 0.84x."""
+    1.06x quantized's speed (147.5 -> 155.9 tok/s), where blocks of 128 had made it 0.84x.
+    Packed for oneDNN's VNNI GEMM (activations as uint8) the codes ran the 1.5B's 512-token
+    prefill steps 1.53x, its 32-sequence decodes 2.26x and SmolLM2's prefills 1.46x as fast
+    as codes made per step (Zen 4, in process, steps interleaved)."""
     if kernels.has_amx() and dtype == torch.bfloat16:
         packs = packs_int8_gemm_weights(dtype) and hidden_size >= PACKED_INT8_MIN_HIDDEN_SIZE
         return "int8" if packs else "dense"
@@ -100,9 +104,26 @@ def packs_int8_gemm_weights(dtype: torch.dtype) -> bool:
     """Whether `prefill_weights="int8"` keeps every quantized layer's codes packed for oneDNN's
     int8 GEMM (layers/int8_gemm.py) instead of making them per step, for a model in `dtype`: on
     CPUs with AMX, whose int8 tiles multiply packed codes faster than the packed bf16 GEMM
-    multiplies dense copies, and a decode step of many sequences reads half the bytes; in bf16,
-    where it was measured (float32 models keep the codes made per step)."""
-    return kernels.has_amx() and dtype == torch.bfloat16 and packed_int8_gemm_available()
+    multiplies dense copies, and a decode step of many sequences reads half the bytes; with
+    VNNI, where `torch._int_mm` on plain codes reorders the weight every call (the 1.5B's
+    layers at 512 tokens: 178 -> 122 ms, at 32: the int4 / int8 kernels' 26 -> 10 ms, Zen 4);
+    in bf16, where it was measured (float32 models keep the codes made per step)."""
+    has_int8_gemm = kernels.has_amx() or kernels.has_int8_dot_products()
+    return has_int8_gemm and dtype == torch.bfloat16 and packed_int8_gemm_available()
+
+
+def packed_int8_kernel_tokens(hidden_size: int) -> int:
+    """Steps of more tokens than this run on packed int8 codes (`packs_int8_gemm_weights`), for
+    a model `hidden_size` wide; smaller ones, decodes of as many sequences included, keep the
+    quantized kernels and the fused decode call.
+
+    NOTE: the packed GEMM pays a fixed cost per layer (the activations' coding, oneDNN's call)
+    that narrow layers feel: without AMX SmolLM2's (576 wide) kernels beat it up to ~24 tokens
+    (two layers at 16 tokens 0.94 against 1.22 ms, Zen 4) and its 16-sequence decode steps ran
+    0.85x on packed codes, while the 1.5B's layers ran 2.2x faster packed already at 8."""
+    if kernels.has_amx() or hidden_size >= PACKED_INT8_MIN_HIDDEN_SIZE:
+        return INT8_GEMM_KERNEL_TOKENS
+    return INT8_CODES_PER_STEP_KERNEL_TOKENS
 
 
 def available_memory_bytes() -> int | None:
@@ -154,6 +175,7 @@ class ModelRunner:
             raise ConfigError(f"dtype {dtype!r} was not resolved to a torch dtype")
         device = torch.device(config.device)
         native_kernels = config.native_kernels and device.type == "cpu"
+        self.native_kernels = native_kernels  # whether the native kernels may run at all
         if native_kernels and dtype in kernels.ACTIVATIONS:
             # a first build happens now, not in the first request
             kernels.preload(kernels.ACTIVATIONS[dtype])
@@ -244,9 +266,12 @@ class ModelRunner:
                 # rate on it (Zen 4: 32 decodes at 1,300 tokens, 1,008 shared: a layer 1.09
                 # -> 0.79 ms for SmolLM2's heads, 2.80 -> 1.64 ms for the 1.5B's).
                 fused.cascades = self.uses_prefill_kernel
-            if fused is not None and (
-                self.prefill_weights == "dense" or self.int8_codes_are_packed
-            ):
+            if fused is not None and self.int8_codes_are_packed:
+                # NOTE: decodes of more sequences run on the packed codes, layer by layer
+                # (their GEMM beat the int4 / int8 kernels 2.2x at 8 tokens and 2.7x at 32 on
+                # the 1.5B's layers on Zen 4; see also the dense copies' NOTE)
+                fused.max_tokens = packed_int8_kernel_tokens(args.hidden_size)
+            elif fused is not None and self.prefill_weights == "dense":
                 # NOTE: decodes of more sequences than the quantized kernels' limit run on the
                 # dense copies, layer by layer (packed bf16 on a 2-vCPU AMX Xeon, 1,264-token
                 # contexts: 32 decodes 602 -> 315 ms a step, 16 343 -> 235; at 8 about even,
@@ -389,13 +414,14 @@ class ModelRunner:
         kept in oneDNN's packed layout faster still for wide models (`auto_prefill_weights`);
         without AMX the dense gain was 1.1-1.4x (Zen 4), not worth 3x the weight memory.
         "int8" runs them on int8 codes (layers/int8_gemm.py) for the CPU's int8 dot products:
-        with AMX kept and packed for every layer; else made for each such step where the
-        layer's native kernel makes them, else kept (a byte a weight; never under "auto", where
-        such layers stay quantized). Dense copies and packed codes cover the logits table too,
-        since decode steps of many sequences run on them (see `__init__`; its 32-row step on
-        the 1.5B's quantized table took 86 ms on an AMX Xeon); codes made per step leave it
-        quantized: decodes keep the fused call there, and prefill steps need a few rows of
-        logits."""
+        kept and packed for every layer where oneDNN's int8 GEMM takes them
+        (`packs_int8_gemm_weights`: AMX or VNNI, bf16), unless "auto" finds too little memory
+        for them; else made for each such step where the layer's native kernel makes them, else
+        kept (a byte a weight; never under "auto", where such layers stay quantized). Dense
+        copies and packed codes cover the logits table too, since decode steps of many sequences
+        run on them (see `__init__`; its 32-row step on the 1.5B's quantized table took 86 ms on
+        an AMX Xeon); codes made per step leave it quantized: decodes keep the fused call there,
+        and prefill steps need a few rows of logits."""
         is_auto = setting == "auto"
         if is_auto:
             setting = auto_prefill_weights(self.dtype, self.model.args.hidden_size)
@@ -414,6 +440,15 @@ class ModelRunner:
         if is_auto:  # what was not asked for must leave room
             num_bytes = bytes_per_weight * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()
+            if available is not None and num_bytes > available // 2 and packs_int8_codes:
+                logger.info(
+                    "prefill weights: int8 codes made per step: packed ones would take %.1f "
+                    "GiB of the %.1f GiB available",
+                    num_bytes / 2**30,
+                    available / 2**30,
+                )
+                layers = [layer for layer in layers if layer is not self.model.lm_head]
+                return self._use_int8_codes(layers, is_auto)
             if available is not None and num_bytes > available // 2:
                 logger.info(
                     "prefill weights stay quantized: %s copies would take %.1f GiB of the "
@@ -439,11 +474,15 @@ class ModelRunner:
 
     def _keep_packed_int8_codes(self, layers: list[QuantizedLinear]) -> tuple[str, int]:
         """int8 codes of every one of `layers` (the logits table's too), kept and packed for
-        oneDNN's int8 GEMM, for steps of more than `INT8_GEMM_KERNEL_TOKENS` tokens, decodes of
-        that many sequences included (`__init__` caps the fused call there, as for dense
+        oneDNN's int8 GEMM, for steps of more than `packed_int8_kernel_tokens` tokens, decodes
+        of that many sequences included (`__init__` caps the fused call there, as for dense
         copies). ("int8", the bytes kept.)"""
+        max_kernel_tokens = packed_int8_kernel_tokens(self.model.args.hidden_size)
         kept = sum(
-            layer.keep_int8_gemm_weight(INT8_GEMM_KERNEL_TOKENS, packed=True) for layer in layers
+            layer.keep_int8_gemm_weight(
+                max_kernel_tokens, packed=True, native_passes=self.native_kernels
+            )
+            for layer in layers
         )
         num_packed = sum(
             layer.int8_gemm_weight is not None and layer.int8_gemm_weight.packed is not None
@@ -455,7 +494,7 @@ class ModelRunner:
             len(layers),
             num_packed,
             kept / 2**30,
-            INT8_GEMM_KERNEL_TOKENS,
+            max_kernel_tokens,
         )
         self.int8_codes_are_packed = num_packed == len(layers)
         return "int8", kept
@@ -472,7 +511,10 @@ class ModelRunner:
             return "quantized", 0
         for layer in per_step:
             layer.make_int8_codes_per_step(INT8_CODES_PER_STEP_KERNEL_TOKENS)
-        kept = sum(layer.keep_int8_gemm_weight(INT8_GEMM_KERNEL_TOKENS) for layer in kept_layers)
+        kept = sum(
+            layer.keep_int8_gemm_weight(INT8_GEMM_KERNEL_TOKENS, native_passes=self.native_kernels)
+            for layer in kept_layers
+        )
         logger.info(
             "prefill weights: int8 codes for %d quantized layers, made per step for %d (steps "
             "of more than %d tokens), kept for %d (%.2f GiB, steps of more than %d tokens)",

@@ -26,7 +26,7 @@ _finish_rows = KernelFunction(
 _code_tokens_outliers = KernelFunction(
     "int8_gemm",
     "int8_gemm_code_tokens_outliers",
-    [_pointer, _size, _size, ctypes.c_float, _size] + [_pointer] * 4 + [ctypes.c_int],
+    [_pointer, _size, _size, ctypes.c_float, _size] + [_pointer] * 4 + [ctypes.c_int] * 2,
     restype=ctypes.c_int64,
 )
 LANES = 16  # csrc: VF_LANES
@@ -63,22 +63,24 @@ def code_tokens(x: torch.Tensor, skip: torch.Tensor) -> tuple[torch.Tensor, torc
 
 
 def code_tokens_outliers(
-    x: torch.Tensor, ratio: float, max_outliers: int
+    x: torch.Tensor, ratio: float, max_outliers: int, *, unsigned: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [tokens, in] (bf16 or float32) -> (int8 codes [tokens, in], float32 scales [tokens, 1],
     outlier columns int64 [n] ascending, their values float32 [tokens, n]): a column is an
     outlier when its peak |x| passes `ratio` times the median column's peak (the lower middle
     one, the product in x's dtype), at most `max_outliers` of them, the largest; the tokens are
-    coded as `code_tokens` codes them with those columns skipped."""
+    coded as `code_tokens` codes them with those columns skipped. `unsigned`: the codes plus
+    128, as uint8."""
     x = x.contiguous()
     num_tokens, in_features = x.shape
-    codes = torch.empty(x.shape, dtype=torch.int8)
+    codes = torch.empty(x.shape, dtype=torch.uint8 if unsigned else torch.int8)
     scales = torch.empty(num_tokens, 1, dtype=torch.float32)
     outlier_ids = torch.empty(max(max_outliers, 1), dtype=torch.int64)
     outlier_x = torch.empty(num_tokens * max(max_outliers, 1), dtype=torch.float32)
     num_outliers = require(_code_tokens_outliers(x.dtype), "int8_gemm")(
         x.data_ptr(), num_tokens, in_features, ratio, max_outliers, codes.data_ptr(),
-        scales.data_ptr(), outlier_ids.data_ptr(), outlier_x.data_ptr(), torch.get_num_threads(),
+        scales.data_ptr(), outlier_ids.data_ptr(), outlier_x.data_ptr(), int(unsigned),
+        torch.get_num_threads(),
     )  # fmt: skip
     if num_outliers == -1:
         raise ValueError(f"{in_features} input features are not a multiple of {LANES}")

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from inference.engine.kernels import has_amx
 from inference.engine.kernels import int8_gemm as native_int8_gemm
 
 # NOTE: an input column is an outlier when its peak passes this many times the median column's
@@ -84,6 +85,11 @@ class Int8GemmWeight:
     scales: torch.Tensor  # float32 [out]
     # the codes in oneDNN's blocked layout (`packed_for_onednn`); None: `torch._int_mm` on codes
     packed: torch.Tensor | None = None
+    # the packed GEMM's activations as uint8 codes + 128 (zero point 128), else int8 codes
+    unsigned_activations: bool = False
+    # whether steps may run the native coding and scaling passes (kernels/int8_gemm.py); False:
+    # PyTorch's ops only (an engine configured without native kernels)
+    native_passes: bool = True
 
     @classmethod
     def from_rows(cls, weight: torch.Tensor) -> Int8GemmWeight:
@@ -100,9 +106,13 @@ class Int8GemmWeight:
         num_copies = 1 if self.packed is None else 2
         return num_copies * self.codes.numel() * self.codes.element_size() + self.scales.numel() * 4
 
-    def packed_for_onednn(self) -> Int8GemmWeight:
+    def packed_for_onednn(self, *, unsigned_activations: bool | None = None) -> Int8GemmWeight:
         """This weight with its codes also in oneDNN's packed layout, where oneDNN's int8 linear
         runs and agrees with `torch._int_mm` on a check; else this weight as it is (logged).
+        `unsigned_activations`: steps code their activations as uint8 + 128 for it; None: where
+        the CPU has no AMX, whose tiles multiply int8 by int8 natively (VNNI's dot products take
+        unsigned by signed bytes: on Zen 4 oneDNN ran int8 activations on a reference path, a
+        [32, 1536] x [1536, 17920] product in 9.4 s against 2.7 ms as uint8).
 
         NOTE: the plain codes stay, as W^T [in, out] in memory: steps multiply their outlier
         columns' rows of W^T in float (`_matmul_rows`), which a row-major W gathered from every
@@ -110,12 +120,15 @@ class Int8GemmWeight:
         the bytes of plain ones."""
         if self.packed is not None or not packed_int8_gemm_available():
             return self
+        if unsigned_activations is None:
+            unsigned_activations = not has_amx()
         in_features = self.codes.shape[1]
         try:
             packed = torch.ops.onednn.qlinear_prepack(self.codes.contiguous(), None)
             check = torch.arange(2 * in_features, dtype=torch.int64) % 255 - 127
             check = check.to(torch.int8).reshape(2, in_features)
-            got = _packed_product(check, packed, self.scales, torch.float32)
+            check_codes = _as_unsigned(check) if unsigned_activations else check
+            got = _packed_product(check_codes, packed, self.scales, torch.float32)
         except RuntimeError as error:  # a build or CPU where oneDNN refuses: plain codes
             logger.warning("int8 codes stay unpacked: oneDNN could not pack them (%s)", error)
             return self
@@ -125,7 +138,9 @@ class Int8GemmWeight:
             logger.warning("int8 codes stay unpacked: oneDNN's packed GEMM disagreed")
             return self
         codes_t = self.codes.t().contiguous()
-        return replace(self, codes=codes_t.t(), packed=packed)
+        return replace(
+            self, codes=codes_t.t(), packed=packed, unsigned_activations=unsigned_activations
+        )
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """x [tokens, in] @ W^T in x's dtype: activations coded per token (row), outlier columns
@@ -146,15 +161,18 @@ class Int8GemmWeight:
         """`matmul` of at most `ROWS_PER_GEMM` tokens, into `out` (rows of a contiguous
         result) where given."""
         max_outliers = int(MAX_OUTLIER_SHARE * x.shape[1])
-        native = native_int8_gemm.is_supported(x, self.codes.shape[0])
+        native = self.native_passes and native_int8_gemm.is_supported(x, self.codes.shape[0])
+        unsigned = self.packed is not None and self.unsigned_activations
         if native:  # the peaks, the outliers, the codes and the outliers' values in one call
             codes, token_scales, outliers, outlier_x = native_int8_gemm.code_tokens_outliers(
-                x, OUTLIER_RATIO, max_outliers
+                x, OUTLIER_RATIO, max_outliers, unsigned=unsigned
             )
         else:
             magnitudes = x.abs()
             outliers = outlier_columns(magnitudes.amax(dim=0), max_outliers)
             codes, token_scales = _code_tokens(x, magnitudes, outliers)
+            if unsigned:
+                codes = _as_unsigned(codes)
         if self.packed is None:
             y = self._unpacked_product(codes, token_scales, x.dtype, native, out)
         else:
@@ -224,16 +242,24 @@ def outlier_columns(column_peaks: torch.Tensor, max_outliers: int) -> torch.Tens
 def _packed_product(
     codes: torch.Tensor, packed: torch.Tensor, row_scales: torch.Tensor, dtype: torch.dtype
 ) -> torch.Tensor:
-    """codes [tokens, in] (int8) @ the packed weight's codes, times `row_scales`, in `dtype`."""
+    """codes [tokens, in] (int8, or uint8 codes + 128) @ the packed weight's codes, times
+    `row_scales`, in `dtype`."""
     zero_points = torch.zeros(row_scales.shape, dtype=torch.int32)
-    # NOTE: activations symmetric (zero point 0) with scale 1: their per-token scales are the
-    # caller's to apply, which oneDNN's per-tensor activation scale cannot express. (As uint8
-    # codes + 128 with zero point 128, oneDNN's native pairing, a 32-token gate_up of the 1.5B
-    # ran faster alone, but the model's steps 1-2% slower with the pass that shifts them.)
+    # NOTE: activations with scale 1: their per-token scales are the caller's to apply, which
+    # oneDNN's per-tensor activation scale cannot express. int8 codes on AMX (as uint8 + 128,
+    # a 32-token gate_up of the 1.5B ran faster alone, but the model's steps 1-2% slower with
+    # the PyTorch pass that shifted them then); uint8 on VNNI (`packed_for_onednn`).
+    activation_zero_point = 128 if codes.dtype == torch.uint8 else 0
     y: torch.Tensor = torch.ops.onednn.qlinear_pointwise(
-        codes, 1.0, 0, packed, row_scales, zero_points, None, 1.0, 0, dtype, "none", [], ""
-    )
+        codes, 1.0, activation_zero_point, packed, row_scales, zero_points, None, 1.0, 0, dtype,
+        "none", [], "",
+    )  # fmt: skip
     return y
+
+
+def _as_unsigned(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes -> the codes + 128 as uint8 (the sign bit flipped)."""
+    return codes.view(torch.uint8).bitwise_xor(0x80)
 
 
 def _code_tokens(

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 from typing import TypeVar
 
 import torch
@@ -149,12 +150,14 @@ class QuantizedLinear(nn.Module):
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)
         return self.dense_weight.nbytes
 
-    def keep_int8_gemm_weight(self, max_kernel_tokens: int, *, packed: bool = False) -> int:
+    def keep_int8_gemm_weight(
+        self, max_kernel_tokens: int, *, packed: bool = False, native_passes: bool = True
+    ) -> int:
         """Keep the weight as int8 codes per row for steps of more than `max_kernel_tokens`
         tokens, which then run one integer GEMM (layers/int8_gemm.py); the bytes the copy takes.
         `packed`: also in oneDNN's packed layout where it runs
-        (`Int8GemmWeight.packed_for_onednn`)."""
-        self.int8_gemm_weight = self.make_int8_gemm_weight()
+        (`Int8GemmWeight.packed_for_onednn`). `native_passes`: see `Int8GemmWeight`."""
+        self.int8_gemm_weight = replace(self.make_int8_gemm_weight(), native_passes=native_passes)
         if packed:
             self.int8_gemm_weight = self.int8_gemm_weight.packed_for_onednn()
         self.max_kernel_tokens = min(self.max_kernel_tokens, max_kernel_tokens)

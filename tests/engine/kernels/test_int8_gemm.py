@@ -88,6 +88,12 @@ def test_native_outliers_codes_and_outlier_values_are_pytorchs(
     assert 0 < outliers.numel() <= max_outliers or max_outliers == 0 or num_large == 0
     expected_codes, expected_scales = _code_tokens(x, x.abs(), expected)
     assert torch.equal(codes, expected_codes) and torch.equal(scales, expected_scales)
+    # as uint8 codes + 128 (oneDNN's VNNI GEMM): the same scales, each code shifted
+    unsigned_codes, unsigned_scales, _, _ = int8_gemm.code_tokens_outliers(
+        x, OUTLIER_RATIO, max_outliers, unsigned=True
+    )
+    assert unsigned_codes.dtype == torch.uint8 and torch.equal(unsigned_scales, scales)
+    assert torch.equal(unsigned_codes.long() - 128, codes.long())
     assert values.shape == (num_tokens, outliers.numel()) and values.is_contiguous()
     assert torch.equal(values, x[:, outliers].float())
 

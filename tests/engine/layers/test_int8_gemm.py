@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
+from inference.engine.kernels import has_amx
 from inference.engine.layers.int8_gemm import (
     MAX_OUTLIER_SHARE,
     ROWS_PER_GEMM,
@@ -116,16 +119,21 @@ def test_outlier_counts_between_powers_of_two_are_padded_without_adding_to_the_p
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("num_tokens", [1, 9, 32, ROWS_PER_GEMM * 2 + 3])
 @pytest.mark.parametrize("in_features", [256, 72])  # 72: no native passes (not a multiple of 16)
-def test_packed_codes_multiply_as_the_plain_ones(generator, dtype, num_tokens, in_features) -> None:
-    """The same int32 sums (oneDNN's against torch._int_mm), scaled back; in bf16 rounded
-    twice (row scales, then token scales) where the plain path rounds once."""
+@pytest.mark.parametrize("unsigned_activations", [False, True])
+def test_packed_codes_multiply_as_the_plain_ones(
+    generator, dtype, num_tokens, in_features, unsigned_activations
+) -> None:
+    """The same int32 sums (oneDNN's against torch._int_mm, the activations int8 or uint8
+    codes + 128), scaled back; in bf16 rounded twice (row scales, then token scales) where the
+    plain path rounds once."""
     weight = torch.randn(96, in_features, generator=generator)
     x = torch.randn(num_tokens, in_features, generator=generator)
     x[:, 3] = 90.0  # an outlier column: multiplied in float either way
     x = x.to(dtype)
     plain = Int8GemmWeight.from_rows(weight)
-    packed = plain.packed_for_onednn()
+    packed = plain.packed_for_onednn(unsigned_activations=unsigned_activations)
     assert packed.packed is not None and plain.packed is None
+    assert packed.unsigned_activations == unsigned_activations
     y = packed.matmul(x)
     assert y.dtype == dtype and y.shape == (num_tokens, 96)
     # float32: the same sums scaled in another order; bf16: a step of 8 bits of the largest
@@ -145,3 +153,23 @@ def test_packed_codes_keep_the_plain_ones_as_w_transposed_and_count_both(generat
     assert packed.codes.t().is_contiguous() and torch.equal(packed.codes, plain.codes)
     assert torch.equal(packed.scales, plain.scales)
     assert packed.nbytes == 2 * 48 * 160 + 48 * 4
+
+
+@needs_packing
+def test_packed_codes_take_unsigned_activations_where_the_cpu_has_no_amx(generator) -> None:
+    """VNNI multiplies unsigned by signed bytes; oneDNN ran int8 activations on a reference path
+    there (Zen 4: ~1,000x slower), while AMX's tiles take int8 by int8."""
+    plain = Int8GemmWeight.from_rows(torch.randn(32, 64, generator=generator))
+    assert plain.packed_for_onednn().unsigned_activations == (not has_amx())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_weight_without_native_passes_gives_the_native_passes_results(generator, dtype) -> None:
+    """An engine without native kernels runs PyTorch's ops alone: the same codes, outliers and
+    scaling, so the same products bit for bit (csrc/int8_gemm.c does PyTorch's float32 ops)."""
+    plain = Int8GemmWeight.from_rows(torch.randn(64, 256, generator=generator))
+    x = torch.randn(40, 256, generator=generator)
+    x[:, 9] = 70.0  # an outlier column
+    x = x.to(dtype)
+    without = replace(plain, native_passes=False)
+    assert torch.equal(without.matmul(x), plain.matmul(x))

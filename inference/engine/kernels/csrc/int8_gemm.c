@@ -31,11 +31,12 @@
 
 #define TINY_FLOAT 1.17549435e-38f /* torch.finfo(torch.float32).tiny */
 
-/* x [m, k] (k a multiple of 16), skip [k] (nonzero: a column left out) -> codes [m, k],
- * scales [m]. Returns 0, or -1 for a k the kernel does not take. */
-int int8_gemm_code_tokens(const act_t *x, const uint8_t *skip, int8_t *codes, float *scales,
-                          int64_t m, int64_t k, int num_threads) {
-    if (k % VF_LANES) return -1;
+/* int8_gemm_code_tokens, each code's sign bit flipped where `unsigned_codes`: the code plus
+ * 128 as a uint8, the form oneDNN's int8 GEMM multiplies natively with VNNI (vpdpbusd takes
+ * unsigned by signed bytes; signed activations took it ~1,000x slower, a reference path). */
+static void code_tokens(const act_t *x, const uint8_t *skip, int8_t *codes, float *scales,
+                        int64_t m, int64_t k, int unsigned_codes, int num_threads) {
+    const int8_t flip = unsigned_codes ? (int8_t)0x80 : 0;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m > 1)
     for (int64_t t = 0; t < m; ++t) {
         const act_t *row = x + t * k;
@@ -54,7 +55,18 @@ int int8_gemm_code_tokens(const act_t *x, const uint8_t *skip, int8_t *codes, fl
             vi_store_i8(codes + t * k + c, vf_to_vi(vf_div(vf_mul(load_act(row + c), keep),
                                                           divisor)));
         }
+        if (flip) {  /* the row is in L1 still; the compiler vectorizes this */
+            for (int64_t c = 0; c < k; ++c) codes[t * k + c] ^= flip;
+        }
     }
+}
+
+/* x [m, k] (k a multiple of 16), skip [k] (nonzero: a column left out) -> codes [m, k],
+ * scales [m]. Returns 0, or -1 for a k the kernel does not take. */
+int int8_gemm_code_tokens(const act_t *x, const uint8_t *skip, int8_t *codes, float *scales,
+                          int64_t m, int64_t k, int num_threads) {
+    if (k % VF_LANES) return -1;
+    code_tokens(x, skip, codes, scales, m, k, 0, num_threads);
     return 0;
 }
 
@@ -216,12 +228,12 @@ static int ascending_columns(const void *a, const void *b) {
  * there, rows of n): a column is an outlier when its peak |x| passes ratio times the median
  * column's peak (the lower middle one, that product rounded to the activation type); past
  * max_outliers the largest peaks are kept. The other columns are coded as int8_gemm_code_tokens
- * codes them, the outliers coded 0. Returns n, or -1 for a k the kernel does not take, -2 where
- * memory ran out. */
+ * codes them, the outliers coded 0; `unsigned_codes`: each code plus 128, as uint8. Returns n,
+ * or -1 for a k the kernel does not take, -2 where memory ran out. */
 int64_t int8_gemm_code_tokens_outliers(const act_t *x, int64_t m, int64_t k, float ratio,
                                        int64_t max_outliers, int8_t *codes,
                                        float *token_scales, int64_t *outlier_ids,
-                                       float *outlier_x, int num_threads) {
+                                       float *outlier_x, int unsigned_codes, int num_threads) {
     if (k % VF_LANES) return -1;
     float *peaks = malloc(sizeof(float) * (size_t)k);
     float *ordered = malloc(sizeof(float) * (size_t)k);
@@ -245,7 +257,7 @@ int64_t int8_gemm_code_tokens_outliers(const act_t *x, int64_t m, int64_t k, flo
     for (int64_t j = 0; j < num_candidates; ++j) outlier_ids[j] = candidates[j].column;
     qsort(outlier_ids, (size_t)num_candidates, sizeof(int64_t), ascending_columns);
     for (int64_t j = 0; j < num_candidates; ++j) skip[outlier_ids[j]] = 1;
-    int8_gemm_code_tokens(x, skip, codes, token_scales, m, k, num_threads);
+    code_tokens(x, skip, codes, token_scales, m, k, unsigned_codes, num_threads);
     for (int64_t t = 0; t < m; ++t) {
         for (int64_t j = 0; j < num_candidates; ++j) {
             outlier_x[t * num_candidates + j] = act_to_float(x[t * k + outlier_ids[j]]);
