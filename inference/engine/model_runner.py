@@ -78,7 +78,8 @@ def auto_prefill_weights(dtype: torch.dtype, hidden_size: int) -> str:
     "int8" (codes kept, packed) for models at least `PACKED_INT8_MIN_HIDDEN_SIZE` wide, else
     "dense"; "int8" on other CPUs with int8 dot products (VNNI): codes kept and packed in bf16
     (`packs_int8_gemm_weights`), made per step in float32 or where packed ones would not fit
-    (`ModelRunner._keep_prefill_weights`); else "quantized".
+    (`ModelRunner._keep_prefill_weights`; with AMX such a machine stays quantized); else
+    "quantized".
 
     NOTE: with AMX, packed int8 codes run oneDNN's int8 tiles, and a decode step of many
     sequences reads half the bytes of dense copies: via the API on a 2-vCPU AMX Xeon
@@ -440,16 +441,19 @@ class ModelRunner:
         if is_auto:  # what was not asked for must leave room
             num_bytes = bytes_per_weight * sum(m.in_features * m.out_features for m in layers)
             available = available_memory_bytes()
-            if available is not None and num_bytes > available // 2 and packs_int8_codes:
-                logger.info(
-                    "prefill weights: int8 codes made per step: packed ones would take %.1f "
-                    "GiB of the %.1f GiB available",
-                    num_bytes / 2**30,
-                    available / 2**30,
-                )
-                layers = [layer for layer in layers if layer is not self.model.lm_head]
-                return self._use_int8_codes(layers, is_auto)
             if available is not None and num_bytes > available // 2:
+                # NOTE: without AMX the codes made per step were "auto"'s choice before packing
+                # (measured); with AMX that fallback was never measured: such a machine stays
+                # quantized, as before
+                if packs_int8_codes and not kernels.has_amx():
+                    logger.info(
+                        "prefill weights: int8 codes made per step: packed ones would take "
+                        "%.1f GiB of the %.1f GiB available",
+                        num_bytes / 2**30,
+                        available / 2**30,
+                    )
+                    layers = [layer for layer in layers if layer is not self.model.lm_head]
+                    return self._use_int8_codes(layers, is_auto)
                 logger.info(
                     "prefill weights stay quantized: %s copies would take %.1f GiB of the "
                     "%.1f GiB available",
