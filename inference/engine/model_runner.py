@@ -452,8 +452,8 @@ class ModelRunner:
                         num_bytes / 2**30,
                         available / 2**30,
                     )
-                    layers = [layer for layer in layers if layer is not self.model.lm_head]
-                    return self._use_int8_codes(layers, is_auto)
+                    per_step_layers = dense_weight_layers(self.model, skip=(self.model.lm_head,))
+                    return self._use_int8_codes(per_step_layers, is_auto)
                 logger.info(
                     "prefill weights stay quantized: %s copies would take %.1f GiB of the "
                     "%.1f GiB available",

@@ -165,7 +165,7 @@ class Int8GemmWeight:
         result) where given."""
         max_outliers = int(MAX_OUTLIER_SHARE * x.shape[1])
         native = self.native_passes and native_int8_gemm.is_supported(x, self.codes.shape[0])
-        unsigned = self.packed is not None and self.unsigned_activations
+        unsigned = self.unsigned_activations  # set only with packed codes
         if native:  # the peaks, the outliers, the codes and the outliers' values in one call
             codes, token_scales, outliers, outlier_x = native_int8_gemm.code_tokens_outliers(
                 x, OUTLIER_RATIO, max_outliers, unsigned=unsigned

@@ -136,10 +136,9 @@ int int8_gemm_finish_rows(const act_t *y, const float *token_scales, const float
 /* Columns of x per task for the column peaks. */
 #define PEAK_COLUMNS 256
 
-/* x [m, k] (k a multiple of 16) -> peaks [k] float32: max over the rows of |x|. Returns 0, or
- * -1 for a k the kernel does not take. */
-static int column_peaks(const act_t *x, float *peaks, int64_t m, int64_t k, int num_threads) {
-    if (k % VF_LANES) return -1;
+/* x [m, k] (k a multiple of 16, the caller's check) -> peaks [k] float32: max over the rows of
+ * |x|. */
+static void column_peaks(const act_t *x, float *peaks, int64_t m, int64_t k, int num_threads) {
     const int64_t num_chunks = (k + PEAK_COLUMNS - 1) / PEAK_COLUMNS;
 #pragma omp parallel for schedule(static) num_threads(num_threads) if (m * k > 4096)
     for (int64_t chunk = 0; chunk < num_chunks; ++chunk) {
@@ -157,7 +156,6 @@ static int column_peaks(const act_t *x, float *peaks, int64_t m, int64_t k, int 
             vf_store(peaks + begin + v * VF_LANES, chunk_peaks[v]);
         }
     }
-    return 0;
 }
 
 /* A float32 value in the activation type and back (bf16: rounded to nearest even), as PyTorch
